@@ -1,0 +1,98 @@
+"""Typed configuration, loadable from YAML. Every CLI flag maps to a field here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tryloop.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SandboxLimits(_Model):
+    """Resource limits, each enforced by the kernel (cgroups, rlimits, tmpfs size, init timers)."""
+
+    memory_mb: int = Field(1024, ge=16, description="memory cgroup limit; OOM kills inside the sandbox")
+    pids: int = Field(256, ge=4, description="pids cgroup limit (processes and threads)")
+    cpus: float = Field(1.0, gt=0, description="CPU quota in cores (CFS quota / period)")
+    cpu_weight: int = Field(100, ge=1, le=10000, description="relative CPU share (v2 weight; v1 shares = weight*1024/100)")
+    disk_mb: int = Field(1024, ge=1, description="size of the writable layer (tmpfs upper)")
+    dev_shm_mb: int = Field(64, ge=1, description="size of /dev/shm")
+    open_files: int = Field(1024, ge=16, description="RLIMIT_NOFILE per process")
+    file_size_mb: int = Field(512, ge=1, description="RLIMIT_FSIZE per process")
+    cpu_seconds: int | None = Field(None, ge=1, description="RLIMIT_CPU per process, None for no limit")
+    exec_timeout_s: float = Field(120.0, gt=0, description="default wall-clock limit of one command")
+    lifetime_s: float | None = Field(None, gt=0, description="wall-clock limit of the whole sandbox")
+
+
+class SandboxConfig(_Model):
+    """How each sandbox is built. Isolation itself is not optional: only network can be opened."""
+
+    network: bool = Field(False, description="share the host network; default is a private netns with loopback only")
+    uid: int = Field(1000, ge=1, description="unprivileged uid the agent's processes run as")
+    gid: int = Field(1000, ge=1)
+    hostname: str = Field("sandbox", min_length=1, max_length=63)
+    workdir: str = Field("/workspace", description="default cwd of commands; owned by uid")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of every command")
+    output_limit_bytes: int = Field(1 << 20, ge=1024, description="cap on collected stdout/stderr per stream")
+    seccomp_extra_deny: list[str] = Field(default_factory=list, description="syscall names denied on top of the default list")
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
+class RuntimeConfig(_Model):
+    """Where a sandbox runtime keeps its state."""
+
+    store_dir: Path = Field(Path("/var/lib/tryloop"), description="layers, snapshots, images, native build")
+    state_dir: Path = Field(Path("/run/tryloop"), description="records of live sandboxes, for gc after a crash")
+    cgroup_name: str = Field("tryloop", pattern=r"^[A-Za-z0-9_.-]+$", description="parent cgroup of all sandboxes")
+
+
+class PoolConfig(_Model):
+    size: int = Field(4, ge=0, description="idle sandboxes kept ready per snapshot")
+    max_live: int = Field(1024, ge=1, description="upper bound on sandboxes of this pool alive at once")
+    refill_concurrency: int = Field(2, ge=1)
+
+
+class TryloopConfig(_Model):
+    """The root of a tryloop YAML file."""
+
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse(model: type[M], data: dict[str, Any], source: str = "<config>") -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+def load_yaml(path: str | Path, model: type[M] = TryloopConfig) -> M:  # type: ignore[assignment]
+    """Load and validate a YAML file; errors name the file and the field."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {p} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping, got {type(raw).__name__}")
+    return parse(model, raw, str(p))
