@@ -1,0 +1,220 @@
+"""File access to a sandbox from the host, confined by the kernel.
+
+Every path is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+relative to the sandbox's root: `..`, absolute paths and symlinks the agent
+planted are all resolved as if the process were chrooted there, so no path can
+reach the host. Writes additionally refuse to cross a mount (RESOLVE_NO_XDEV):
+only the sandbox's own writable layer can be written, never its /proc, /dev or
+the read-only host binds. Reads refuse special files (devices, FIFOs, sockets)
+and pseudo filesystems (proc, sysfs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat as _stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tryloop.errors import PathOutsideSandbox, SandboxError
+
+if TYPE_CHECKING:
+    from tryloop.sandbox.sandbox import Sandbox
+
+_SYS_OPENAT2 = 437  # the same number on every architecture (new syscall table)
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+_PROC_SUPER_MAGIC = 0x9FA0
+_SYSFS_MAGIC = 0x62656572
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_long * 15)]
+
+
+_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.POINTER(_Statfs)]
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def _fs_type(fd: int) -> int:
+    buf = _Statfs()
+    if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return buf.f_type & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    name: str
+    type: str  # file, dir, symlink, other
+    size: int
+    mode: int
+    uid: int
+    mtime: float
+
+    @classmethod
+    def from_stat(cls, path: str, name: str, st: os.stat_result) -> FileInfo:
+        if _stat.S_ISREG(st.st_mode):
+            kind = "file"
+        elif _stat.S_ISDIR(st.st_mode):
+            kind = "dir"
+        elif _stat.S_ISLNK(st.st_mode):
+            kind = "symlink"
+        else:
+            kind = "other"
+        return cls(path, name, kind, st.st_size, _stat.S_IMODE(st.st_mode), st.st_uid, st.st_mtime)
+
+
+_READ = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+_WRITE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
+
+
+class SandboxFiles:
+    """read / write / list / stat inside one sandbox (see the module docstring)."""
+
+    def __init__(self, sandbox: Sandbox):
+        self._sb = sandbox
+
+    def _root(self) -> int:
+        # Opened per call: a reset mounts a new root, so a cached fd would go stale.
+        try:
+            return os.open(str(self._sb.root_dir()), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise SandboxError(f"sandbox {self._sb.id}: root not reachable: {e}") from None
+
+    def _norm(self, path: str) -> str:
+        if "\0" in path:
+            raise PathOutsideSandbox(f"path contains a NUL byte: {path!r}")
+        if not path.startswith("/"):
+            path = f"{self._sb.config.workdir.rstrip('/')}/{path}"
+        return path
+
+    def _open(self, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+        root = self._root()
+        try:
+            return openat2(root, self._norm(path), flags, mode, resolve)
+        except OSError as e:
+            if e.errno == 18:  # EXDEV: the path crossed into another mount
+                raise PathOutsideSandbox(f"{path}: not on the sandbox's writable filesystem") from None
+            if e.errno == 40 and resolve & RESOLVE_NO_MAGICLINKS:  # ELOOP
+                raise PathOutsideSandbox(f"{path}: goes through a link that leaves the sandbox") from None
+            raise
+        finally:
+            os.close(root)
+
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        fd = self._open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK, _READ)
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                raise PathOutsideSandbox(f"{path}: not a regular file")
+            if _fs_type(fd) in (_PROC_SUPER_MAGIC, _SYSFS_MAGIC):
+                raise PathOutsideSandbox(f"{path}: pseudo filesystem, not readable through the file API")
+            chunks = []
+            remaining = st.st_size if max_bytes is None else min(st.st_size, max_bytes)
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def write(self, path: str, data: bytes | str, mode: int = 0o644, make_parents: bool = True) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        full = self._norm(path)
+        parent, _, name = full.rstrip("/").rpartition("/")
+        if not name or name in (".", ".."):
+            raise PathOutsideSandbox(f"{path}: not a file name")
+        pfd = self._dir(parent or "/", make_parents)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, mode, dir_fd=pfd)
+        except OSError as e:
+            os.close(pfd)
+            if e.errno == 40:
+                raise PathOutsideSandbox(f"{path}: is a symlink; refusing to write through it") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                raise PathOutsideSandbox(f"{path}: not a regular file")
+            os.fchown(fd, self._sb.config.uid, self._sb.config.gid)
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+            os.close(pfd)
+
+    def _dir(self, path: str, make: bool) -> int:
+        """An O_PATH fd of a directory, creating missing components as the agent's."""
+        try:
+            return self._open(path, os.O_PATH | os.O_DIRECTORY, _WRITE)
+        except FileNotFoundError:
+            if not make:
+                raise
+        parent, _, name = path.rstrip("/").rpartition("/")
+        pfd = self._dir(parent or "/", make)
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+                os.chown(name, self._sb.config.uid, self._sb.config.gid, dir_fd=pfd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            return openat2(pfd, name, os.O_PATH | os.O_DIRECTORY, 0, _WRITE | RESOLVE_NO_SYMLINKS)
+        finally:
+            os.close(pfd)
+
+    def stat(self, path: str) -> FileInfo:
+        fd = self._open(path, os.O_PATH | os.O_NOFOLLOW, _READ)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        full = self._norm(path)
+        return FileInfo.from_stat(full, full.rstrip("/").rpartition("/")[2] or "/", st)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def list(self, path: str = ".") -> list[FileInfo]:
+        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY, _READ)
+        full = self._norm(path).rstrip("/")
+        try:
+            out = []
+            for name in sorted(os.listdir(fd)):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                out.append(FileInfo.from_stat(f"{full}/{name}", name, st))
+            return out
+        finally:
+            os.close(fd)

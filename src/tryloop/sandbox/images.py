@@ -1,0 +1,186 @@
+"""Images: the read-only root filesystem under a sandbox.
+
+An image is a stack of content-addressed layers plus read-only bind mounts of
+host directories. The default image is derived from the host: its /usr (with
+its Python) and the Python installation that runs tryloop, bound read-only, on
+top of a small generated skeleton (/etc with an unprivileged user and nothing
+secret, mount points, /workspace owned by the agent). Nothing else of the host
+is visible: not /root, not /etc/shadow, not /home, not the host's processes.
+
+The host part cannot be hashed file by file (it is gigabytes), so the image id
+covers the skeleton's digest, the bind list, the inode and mtime of each bind
+source and the Python distributions installed: a change to any of them makes a
+new image id, and with it new snapshot ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from tryloop.sandbox.layers import LayerStore
+
+AGENT_HOME = "/home/agent"
+_TOP_LEVEL = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Small, non-secret host files the tools in /usr expect to find.
+_ETC_COPY = (
+    "nsswitch.conf", "ld.so.cache", "ld.so.conf", "localtime", "os-release", "resolv.conf",
+    "ssl/certs/ca-certificates.crt", "mime.types", "protocols", "services",
+)
+_ETC_TREES = ("ld.so.conf.d", "alternatives")
+
+
+@dataclass(frozen=True)
+class Image:
+    """A root filesystem: `layers` top-most first, then host `binds` mounted read-only."""
+
+    id: str
+    layers: tuple[str, ...]
+    binds: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    uid: int = 1000
+    gid: int = 1000
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Image:
+        d = json.loads(text)
+        return cls(
+            id=d["id"], layers=tuple(d["layers"]), binds=tuple(tuple(b) for b in d["binds"]),
+            env=tuple(tuple(e) for e in d["env"]), uid=d["uid"], gid=d["gid"], meta=d.get("meta", {}),
+        )
+
+
+def image_id(layers: Iterable[str], binds: Iterable[tuple[str, str]], env: Iterable[tuple[str, str]],
+             fingerprint: str = "") -> str:
+    doc = json.dumps({"layers": list(layers), "binds": [list(b) for b in binds],
+                      "env": [list(e) for e in env], "host": fingerprint}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def save_image(store: LayerStore, image: Image) -> None:
+    d = store.root / "images"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{image.id}.tmp{os.getpid()}"
+    tmp.write_text(image.to_json())
+    os.replace(tmp, d / f"{image.id}.json")
+
+
+def load_image(store: LayerStore, image_id_: str) -> Image:
+    p = store.root / "images" / f"{image_id_}.json"
+    try:
+        return Image.from_json(p.read_text())
+    except FileNotFoundError:
+        raise KeyError(f"image {image_id_} is not in the store at {store.root}") from None
+
+
+def python_prefixes() -> list[str]:
+    """Installations the default image must expose: the base Python and, if any, the venv."""
+    out: list[str] = []
+    for p in (sys.base_prefix, sys.prefix):
+        real = os.path.realpath(p)
+        if real not in out and not real.startswith("/usr/"):
+            out.append(real)
+    return out
+
+
+def _host_fingerprint(binds: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    h.update(sys.version.encode())
+    for src, _ in binds:
+        st = os.stat(src)
+        h.update(f"{src}:{st.st_ino}:{st.st_mtime_ns}\n".encode())
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    h.update("\n".join(dists).encode())
+    return h.hexdigest()
+
+
+def _mkdir(root: Path, rel: str, mode: int, uid: int = 0, gid: int = 0) -> None:
+    p = root / rel.lstrip("/")
+    p.mkdir(parents=True, exist_ok=True)
+    os.chmod(p, mode)
+    os.chown(p, uid, gid)
+
+
+def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    os.chmod(p, mode)
+
+
+def _build_skeleton(root: Path, uid: int, gid: int, binds: list[tuple[str, str]]) -> None:
+    for name in ("proc", "dev", "sys", "etc", "opt", "run", "var", "mnt", "srv", "home"):
+        _mkdir(root, name, 0o755)
+    for name in ("tmp", "var/tmp"):
+        _mkdir(root, name, 0o1777)
+    _mkdir(root, "root", 0o711)  # traversable to reach a Python under /root, not listable
+    _mkdir(root, AGENT_HOME, 0o755, uid, gid)
+    _mkdir(root, "workspace", 0o755, uid, gid)
+    for name in _TOP_LEVEL:
+        host = Path("/") / name
+        if host.is_symlink():
+            os.symlink(os.readlink(host), root / name)
+    for _, dst in binds:
+        parts = Path(dst).parts[1:]
+        for i in range(1, len(parts)):
+            d = root.joinpath(*parts[:i])
+            if not d.exists():
+                _mkdir(root, str(Path(*parts[:i])), 0o711)
+        (root / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    etc = Path("/etc")
+    for rel in _ETC_COPY:
+        src = etc / rel
+        if src.exists():
+            dst = root / "etc" / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o644)
+    for rel in _ETC_TREES:
+        src = etc / rel
+        if src.is_dir():
+            shutil.copytree(src, root / "etc" / rel, symlinks=True)
+    _write(root, "etc/passwd",
+           "root:x:0:0:root:/root:/bin/sh\n"
+           f"agent:x:{uid}:{gid}:agent:{AGENT_HOME}:/bin/bash\n"
+           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+    _write(root, "etc/group", f"root:x:0:\nagent:x:{gid}:\nnogroup:x:65534:\n")
+    _write(root, "etc/hostname", "sandbox\n")
+    _write(root, "etc/hosts", "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n")
+
+
+def host_image(store: LayerStore, uid: int = 1000, gid: int = 1000) -> Image:
+    """The default image: this host's /usr and Python, read-only, on a generated skeleton."""
+    binds: list[tuple[str, str]] = []
+    for name in _TOP_LEVEL:
+        host = Path("/") / name
+        if host.is_dir() and not host.is_symlink():
+            binds.append((str(host), f"/{name}"))
+    prefixes = python_prefixes()
+    binds += [(p, p) for p in prefixes]
+    with tempfile.TemporaryDirectory(dir=store.root / "tmp" if (store.root / "tmp").is_dir() else None) as tmp:
+        skel = Path(tmp) / "skel"
+        skel.mkdir()
+        _build_skeleton(skel, uid, gid, binds)
+        skeleton = store.add_tree(skel)
+    path = [f"{p}/bin" for p in reversed(prefixes)]
+    path += ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    env = (("PATH", ":".join(path)), ("HOME", AGENT_HOME), ("USER", "agent"), ("LANG", "C.UTF-8"),
+           ("TMPDIR", "/tmp"))
+    fp = _host_fingerprint(binds)
+    iid = image_id([skeleton], binds, env, fp)
+    image = Image(id=iid, layers=(skeleton,), binds=tuple(binds), env=env, uid=uid, gid=gid,
+                  meta={"kind": "host", "python": sys.version.split()[0]})
+    save_image(store, image)
+    return image

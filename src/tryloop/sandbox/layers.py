@@ -1,0 +1,678 @@
+"""Immutable, content-addressed filesystem layers and snapshots built from them.
+
+A sandbox's root is an overlayfs: read-only *lowerdirs* (an image plus layers from this
+store) under a writable *upper dir* on a tmpfs.  Snapshotting a live sandbox freezes its
+upper dir into a new layer with `LayerStore.add_tree`; a `Snapshot` is an image plus an
+ordered stack of layer digests, top-most first.
+
+Store layout (everything under `root`)::
+
+    layers/<digest>/          one layer; <digest> is the full hex sha256 of the tree
+    snapshots/<id>.json       one snapshot record
+    tmp/                      layers under construction (renamed into layers/ atomically)
+
+Layers are read-only *by convention*: nothing in this module ever writes to an installed
+layer, and callers must not either (mount them only as overlay lowerdirs).  A layer is
+built under `tmp/` and `os.rename`d into place, so a layer directory that exists is
+complete.  If the same content is added twice the second copy is discarded.  Nothing is
+fsynced: a layer can always be rebuilt from its source, and a torn one after a crash is
+caught by `LayerStore.verify`.
+
+The digest (`tree_digest`) is a sha256 over a canonical serialization of the tree: every
+entry, in sorted order of its relative path (as bytes), with its type, permission bits,
+uid, gid, size and content sha256 (regular files), link target (symlinks), and the
+whiteout and opaque markers.  Modification times are not part of it; instead every entry
+of a layer gets the same fixed mtime/atime (`FIXED_MTIME_NS`), so identical content gives
+identical layers down to their stat data, which keeps sandbox state reproducible.
+
+What a layer keeps of a source tree (`add_tree`):
+
+* directories (empty ones too), regular files (content, permission bits, ownership),
+  symlinks (as symlinks: never followed, whatever they point at);
+* overlayfs whiteouts (character devices 0:0), so that a deletion in a frozen upper dir
+  still hides the lower file when the layer is used as a lowerdir;  whiteouts are
+  normalized to mode 000, owned by the user building the layer (root), which overlayfs
+  never shows;
+* opaque directories (xattr ``trusted.overlay.opaque`` = ``b"y"``), so that a directory
+  that was removed and re-created still hides the lower directory's entries.
+
+What it drops:
+
+* hard links: every name becomes a separate file;
+* FIFOs, sockets and device nodes other than whiteouts: skipped;
+* every extended attribute except ``trusted.overlay.opaque`` = ``b"y"``: other
+  ``trusted.overlay.*`` xattrs (origin, impure, nlink, ...) only mean something inside
+  the mount that wrote them, and ``user.*``, ``security.*`` and ACLs are not carried.
+
+Security rules (an agent controls the content of the upper dir being frozen):
+
+* setuid and setgid bits are stripped from every entry, and ``security.capability`` (like
+  every ``security.*`` xattr) is dropped, so an agent cannot smuggle a privileged binary
+  into a layer that a later sandbox, or the host, might run;
+* no path in the source is ever followed: directories and files are opened relative to
+  their parent's descriptor with ``O_NOFOLLOW``, and a file swapped for a symlink or a
+  FIFO while it is being frozen is stored as what it has become (or skipped), never read
+  through;
+* an upper dir that uses overlayfs ``metacopy`` or ``redirect_dir`` cannot be frozen
+  faithfully (its files' data or directories' contents live in a lower layer) and is
+  refused with `LayerError`: mount sandboxes with those features off (the kernel default);
+* trees deeper than `MAX_DEPTH` directories are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tryloop.errors import TryloopError
+
+__all__ = [
+    "FIXED_MTIME_NS",
+    "MAX_DEPTH",
+    "LayerError",
+    "LayerNotFound",
+    "LayerStore",
+    "Snapshot",
+    "SnapshotNotFound",
+    "tree_digest",
+]
+
+#: The mtime and atime of every entry of every layer (2001-09-09T01:46:40Z): fixed so
+#: identical content gives identical stat data; not 0, because some tools (zip) reject
+#: timestamps before 1980.
+FIXED_MTIME_NS = 1_000_000_000 * 1_000_000_000
+
+#: Deepest directory nesting a layer may have (each level holds two descriptors open).
+MAX_DEPTH = 256
+
+OPAQUE_XATTR = "trusted.overlay.opaque"
+_METACOPY_XATTR = "trusted.overlay.metacopy"
+_REDIRECT_XATTR = "trusted.overlay.redirect"
+
+_FORMAT_HEADER = b"tryloop-layer-v1\0"
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 20
+_STRIP_BITS = stat.S_ISUID | stat.S_ISGID
+_NO_XATTR = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_SRC = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_O_DST = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class LayerError(TryloopError):
+    """A tree cannot be turned into a layer, or the store holds something malformed."""
+
+
+class LayerNotFound(TryloopError, KeyError):
+    """No layer with this digest is in the store (or the digest is malformed)."""
+
+    def __init__(self, digest: str, root: Path | None = None):
+        where = f" in layer store {root}" if root is not None else ""
+        self.digest = digest
+        self.message = f"layer {digest!r} not found{where}"
+        super().__init__(digest, root)  # args re-create it when unpickled (other processes)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class SnapshotNotFound(TryloopError, KeyError):
+    """No snapshot record with this id is in the store (or the id is malformed)."""
+
+    def __init__(self, snapshot_id: str, root: Path | None = None):
+        where = f" in layer store {root}" if root is not None else ""
+        self.snapshot_id = snapshot_id
+        self.message = f"snapshot {snapshot_id!r} not found{where}"
+        super().__init__(snapshot_id, root)  # args re-create it when unpickled (other processes)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --------------------------------------------------------------------------- digests
+
+
+def _record(
+    path: bytes,
+    kind: bytes,
+    mode: int,
+    uid: int,
+    gid: int,
+    size: int = 0,
+    content: bytes = b"",
+    target: bytes = b"",
+    flags: bytes = b"",
+) -> tuple[bytes, bytes]:
+    """One entry of the canonical serialization: nine NUL-terminated fields.
+
+    No field can contain a NUL (paths and link targets cannot), so the stream is
+    unambiguous.  kind: d(ir) f(ile) l(ink) w(hiteout), and in `tree_digest` only, for
+    entries a layer never holds: p(fifo) s(ocket) c(har) b(lock) with "major:minor".
+    """
+    rec = b"%s\0%s\0%o\0%d\0%d\0%d\0%s\0%s\0%s\0" % (
+        path,
+        kind,
+        mode,
+        uid,
+        gid,
+        size,
+        content,
+        target,
+        flags,
+    )
+    return path, rec
+
+
+def _finish(records: list[tuple[bytes, bytes]]) -> str:
+    records.sort()
+    h = hashlib.sha256(_FORMAT_HEADER)
+    for _, rec in records:
+        h.update(rec)
+    return h.hexdigest()
+
+
+def _fgetxattr(fd: int, name: str) -> bytes | None:
+    try:
+        return os.getxattr(fd, name)
+    except OSError as e:
+        if e.errno in _NO_XATTR:
+            return None
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _join(rel: bytes, name: bytes) -> bytes:
+    return name if rel == b"." else rel + b"/" + name
+
+
+class _Walker:
+    """Walks a tree by descriptors; records every entry and, if `copy`, copies it.
+
+    Copy mode writes each entry as it will be in the layer (modes stripped, ownership
+    possibly replaced, whiteouts normalized) and records exactly that, so
+    `tree_digest(layer) == digest` holds for what `add_tree` returns.
+    """
+
+    def __init__(self, src: Path, *, copy: bool, uid: int | None = None, gid: int | None = None):
+        self.src = src
+        self.copy = copy
+        self.uid = uid
+        self.gid = gid
+        self.records: list[tuple[bytes, bytes]] = []
+        self.strip = _STRIP_BITS if copy else 0
+
+    def _fail(self, rel: bytes, why: str) -> LayerError:
+        return LayerError(f"{self.src / os.fsdecode(rel)}: {why}")
+
+    def _owner(self, st: os.stat_result) -> tuple[int, int]:
+        return (
+            st.st_uid if self.uid is None else self.uid,
+            st.st_gid if self.gid is None else self.gid,
+        )
+
+    def _dir_meta(self, fd: int, rel: bytes) -> bool:
+        opaque = _fgetxattr(fd, OPAQUE_XATTR) == b"y"
+        if _fgetxattr(fd, _REDIRECT_XATTR) is not None:
+            raise self._fail(
+                rel, "directory has an overlayfs redirect (mount with redirect_dir=off)"
+            )
+        return opaque
+
+    def _finish_dir(self, dfd: int, st: os.stat_result, opaque: bool) -> None:
+        if opaque:
+            os.setxattr(dfd, OPAQUE_XATTR, b"y")
+        os.fchown(dfd, *self._owner(st))
+        os.fchmod(dfd, stat.S_IMODE(st.st_mode) & ~_STRIP_BITS)
+        os.utime(dfd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
+
+    def run(self, dst_fd: int | None) -> str:
+        sfd = os.open(self.src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(sfd)
+            opaque = self._dir_meta(sfd, b".")
+            self.walk(sfd, dst_fd, b".", 0)
+            uid, gid = self._owner(st)
+            mode = stat.S_IMODE(st.st_mode) & ~self.strip
+            self.records.append(_record(b".", b"d", mode, uid, gid, flags=b"o" if opaque else b""))
+            if dst_fd is not None:
+                self._finish_dir(dst_fd, st, opaque)
+        finally:
+            os.close(sfd)
+        return _finish(self.records)
+
+    def walk(self, sfd: int, dfd: int | None, rel: bytes, depth: int) -> None:
+        if depth >= MAX_DEPTH:
+            raise self._fail(rel, f"deeper than {MAX_DEPTH} directories")
+        with os.scandir(sfd) as it:
+            entries = list(it)
+        for e in entries:
+            name = e.name
+            path = _join(rel, os.fsencode(name))
+            try:
+                if e.is_symlink():
+                    self._symlink(sfd, dfd, name, path, e.stat(follow_symlinks=False))
+                elif e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
+                    try:
+                        fd = os.open(name, _O_SRC, dir_fd=sfd)
+                    except OSError as err:
+                        if err.errno != errno.ELOOP:  # ELOOP: became a symlink meanwhile
+                            raise
+                        self._symlink(sfd, dfd, name, path, os.lstat(name, dir_fd=sfd))
+                        continue
+                    try:
+                        st = os.fstat(fd)
+                        if stat.S_ISREG(st.st_mode):
+                            self._file(fd, st, dfd, name, path)
+                        elif stat.S_ISDIR(st.st_mode):
+                            self._dir(fd, st, dfd, name, path, depth)
+                        else:  # became a FIFO or socket meanwhile: never read it
+                            self._other(st, dfd, name, path)
+                    finally:
+                        os.close(fd)
+                else:
+                    self._other(e.stat(follow_symlinks=False), dfd, name, path)
+            except FileNotFoundError:
+                # The entry vanished while the tree was being walked (a live writer):
+                # it is simply not part of the snapshot.
+                if dfd is not None:
+                    _unlink_partial(dfd, name)
+                continue
+
+    def _symlink(
+        self, sfd: int, dfd: int | None, name: str, path: bytes, st: os.stat_result
+    ) -> None:
+        try:
+            target = os.readlink(name, dir_fd=sfd)
+        except OSError as err:
+            if err.errno == errno.EINVAL:  # no longer a symlink: a live writer; drop it
+                return
+            raise
+        uid, gid = self._owner(st)
+        self.records.append(_record(path, b"l", 0o777, uid, gid, target=os.fsencode(target)))
+        if dfd is not None:
+            os.symlink(target, name, dir_fd=dfd)
+            os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+            os.utime(name, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS), dir_fd=dfd, follow_symlinks=False)
+
+    def _file(self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes) -> None:
+        if _fgetxattr(fd, _METACOPY_XATTR) is not None:
+            raise self._fail(path, "file is an overlayfs metacopy (mount with metacopy=off)")
+        out = os.open(name, _O_DST, 0o600, dir_fd=dfd) if dfd is not None else -1
+        try:
+            h = hashlib.sha256()
+            size = 0
+            want = min(st.st_size + 1, _CHUNK)  # small files: a single (short) read
+            while chunk := os.read(fd, want):
+                h.update(chunk)
+                size += len(chunk)
+                if out >= 0:
+                    _write_all(out, chunk)
+                if len(chunk) < want:  # a short read of a local regular file is its end
+                    break
+                want = _CHUNK
+            uid, gid = self._owner(st)
+            mode = stat.S_IMODE(st.st_mode) & ~self.strip
+            if out >= 0:
+                os.fchown(out, uid, gid)  # before chmod: chown clears set-id bits anyway
+                os.fchmod(out, mode)
+                os.utime(out, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
+        finally:
+            if out >= 0:
+                os.close(out)
+        self.records.append(
+            _record(path, b"f", mode, uid, gid, size, h.hexdigest().encode("ascii"))
+        )
+
+    def _dir(
+        self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes, depth: int
+    ) -> None:
+        opaque = self._dir_meta(fd, path)
+        uid, gid = self._owner(st)
+        mode = stat.S_IMODE(st.st_mode) & ~self.strip
+        self.records.append(_record(path, b"d", mode, uid, gid, flags=b"o" if opaque else b""))
+        if dfd is None:
+            self.walk(fd, None, path, depth + 1)
+            return
+        os.mkdir(name, 0o700, dir_fd=dfd)
+        sub = os.open(name, _O_DIR, dir_fd=dfd)
+        try:
+            self.walk(fd, sub, path, depth + 1)
+            self._finish_dir(sub, st, opaque)
+        finally:
+            os.close(sub)
+
+    def _other(self, st: os.stat_result, dfd: int | None, name: str, path: bytes) -> None:
+        m = st.st_mode
+        if stat.S_ISCHR(m) and st.st_rdev == 0:
+            self.records.append(_record(path, b"w", 0, 0, 0))
+            if dfd is not None:
+                os.mknod(name, stat.S_IFCHR, os.makedev(0, 0), dir_fd=dfd)
+                os.utime(
+                    name, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS), dir_fd=dfd, follow_symlinks=False
+                )
+            return
+        if self.copy:  # FIFOs, sockets, real devices: never part of a layer
+            return
+        kind = (
+            b"p"
+            if stat.S_ISFIFO(m)
+            else b"s"
+            if stat.S_ISSOCK(m)
+            else b"c"
+            if stat.S_ISCHR(m)
+            else b"b"
+        )
+        uid, gid = self._owner(st)
+        rdev = b"%d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev))
+        self.records.append(_record(path, kind, stat.S_IMODE(m), uid, gid, content=rdev))
+
+
+def _unlink_partial(dfd: int, name: str) -> None:
+    """Remove a half-copied entry whose source vanished mid-copy."""
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dfd)
+    else:
+        os.unlink(name, dir_fd=dfd)
+
+
+def tree_digest(path: Path) -> str:
+    """The content digest of an existing tree (hex sha256, 64 characters).
+
+    For a layer it equals the layer's digest (see `LayerStore.verify`); for any tree it
+    changes with any byte, permission bit, owner, link target, whiteout or opaque marker,
+    but not with mtimes.  Unlike a layer, a tree may hold FIFOs, sockets and devices and
+    set-id bits: they are part of its digest, so a reset can be checked to have restored
+    exactly the same state.
+    """
+    return _Walker(Path(path), copy=False).run(None)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An image plus a stack of layers; `layers` is top-most first (overlay lowerdir order)."""
+
+    image: str
+    layers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image:
+            raise ValueError(f"snapshot image must be a non-empty string, got {self.image!r}")
+        layers = tuple(self.layers)
+        for layer in layers:
+            if not isinstance(layer, str) or not _DIGEST_RE.fullmatch(layer):
+                raise ValueError(f"snapshot layer {layer!r} is not a 64-hex-digit sha256 digest")
+        object.__setattr__(self, "layers", layers)
+
+    def canonical_json(self) -> bytes:
+        return json.dumps(
+            {"image": self.image, "layers": list(self.layers)},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
+
+    @property
+    def id(self) -> str:
+        """sha256 (hex) of the canonical JSON of image and layers."""
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def child(self, layer: str) -> Snapshot:
+        """This snapshot with `layer` stacked on top."""
+        return Snapshot(self.image, (layer, *self.layers))
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def _rmtree(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except PermissionError:  # not root and a read-only directory: open it up, retry
+        for dirpath, _dirs, _files in os.walk(path):
+            os.chmod(dirpath, 0o700)
+        shutil.rmtree(path)
+
+
+class LayerStore:
+    """Content-addressed layers and snapshot records under `root` (see the module doc)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.layers_dir = self.root / "layers"
+        self.snapshots_dir = self.root / "snapshots"
+        self.tmp_dir = self.root / "tmp"
+        for d in (self.layers_dir, self.snapshots_dir, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LayerStore({str(self.root)!r})"
+
+    # ---- building layers
+
+    def add_tree(self, src: Path, *, uid: int | None = None, gid: int | None = None) -> str:
+        """Freeze the directory tree `src` into a layer; returns its digest.
+
+        With `uid`/`gid`, every entry is owned by them (task workspaces, owned by the
+        sandbox's unprivileged user); without, ownership is preserved.  See the module
+        doc for what is kept, what is dropped and the security rules.
+        """
+        src = Path(src)
+        if not src.is_dir():
+            raise LayerError(f"{src}: not a directory, cannot be added as a layer")
+        build = Path(tempfile.mkdtemp(prefix="build-", dir=self.tmp_dir))
+        try:
+            bfd = os.open(build, _O_DIR)
+            try:
+                digest = _Walker(src, copy=True, uid=uid, gid=gid).run(bfd)
+            finally:
+                os.close(bfd)
+        except BaseException:
+            _rmtree(build)
+            raise
+        return self._install(build, digest)
+
+    def add_files(
+        self,
+        files: Mapping[str, bytes | str],
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        mode: int = 0o644,
+    ) -> str:
+        """Build a layer from in-memory files; returns its digest.
+
+        Keys are relative paths ("src/main.py"); str values are written as UTF-8.  Parent
+        directories (and the layer root) are created with mode 0o755.  Entries are owned
+        by `uid`/`gid`, or by the calling user where not given.  Set-id bits in `mode`
+        are stripped.
+        """
+        owner = (os.geteuid() if uid is None else uid, os.getegid() if gid is None else gid)
+        fmode = mode & 0o7777 & ~_STRIP_BITS
+        plan: dict[tuple[str, ...], bytes | None] = {}  # None: a directory
+        for key, value in files.items():
+            parts = tuple(key.split("/"))
+            if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise LayerError(f"add_files: {key!r} is not a clean relative path")
+            for i in range(1, len(parts)):
+                if plan.setdefault(parts[:i], None) is not None:
+                    raise LayerError(
+                        f"add_files: {'/'.join(parts[:i])!r} is both a file and a directory"
+                    )
+            if parts in plan:
+                raise LayerError(f"add_files: {key!r} is both a file and a directory")
+            plan[parts] = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        build = Path(tempfile.mkdtemp(prefix="build-", dir=self.tmp_dir))
+        try:
+            for parts in sorted(plan, key=len):  # parents before children
+                path = build.joinpath(*parts)
+                data = plan[parts]
+                if data is None:
+                    path.mkdir(0o700)
+                    continue
+                fd = os.open(path, _O_DST, 0o600)
+                try:
+                    _write_all(fd, data)
+                    os.fchown(fd, *owner)
+                    os.fchmod(fd, fmode)
+                    os.utime(fd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
+                finally:
+                    os.close(fd)
+            dirs = [p for p, v in plan.items() if v is None]
+            for parts in [*sorted(dirs, key=len, reverse=True), ()]:  # children first
+                path = build.joinpath(*parts)
+                os.chown(path, *owner)
+                os.chmod(path, 0o755)
+                os.utime(path, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
+            digest = tree_digest(build)
+        except BaseException:
+            _rmtree(build)
+            raise
+        return self._install(build, digest)
+
+    def _install(self, build: Path, digest: str) -> str:
+        target = self.layers_dir / digest
+        if target.exists():  # same content already stored
+            _rmtree(build)
+            return digest
+        try:
+            os.rename(build, target)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
+                _rmtree(build)
+                raise
+            _rmtree(build)  # lost a race with an identical add: keep the first
+        return digest
+
+    # ---- looking layers up
+
+    def _layer_dir(self, digest: str) -> Path:
+        if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
+            raise LayerNotFound(str(digest), self.root)
+        return self.layers_dir / digest
+
+    def has(self, digest: str) -> bool:
+        try:
+            return self._layer_dir(digest).is_dir()
+        except LayerNotFound:
+            return False
+
+    def path(self, digest: str) -> Path:
+        """The layer's directory (mount it only as an overlay lowerdir)."""
+        p = self._layer_dir(digest)
+        if not p.is_dir():
+            raise LayerNotFound(digest, self.root)
+        return p
+
+    def list(self) -> list[str]:
+        """Digests of all layers, sorted."""
+        return sorted(n for n in os.listdir(self.layers_dir) if _DIGEST_RE.fullmatch(n))
+
+    def size_bytes(self, digest: str) -> int:
+        """Total size of the layer's regular files (apparent size, not disk blocks)."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.path(digest)):
+            for name in files:
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+        return total
+
+    def verify(self, digest: str) -> bool:
+        """Whether the layer's content still hashes to its digest."""
+        return tree_digest(self.path(digest)) == digest
+
+    def remove(self, digest: str) -> None:
+        """Delete a layer.  The caller makes sure no snapshot or mount still uses it.
+
+        The directory is first renamed out of `layers/`, so a half-removed layer is
+        never visible under its digest.
+        """
+        p = self.path(digest)
+        graveyard = Path(tempfile.mkdtemp(prefix="remove-", dir=self.tmp_dir))
+        os.rename(p, graveyard / "layer")
+        _rmtree(graveyard)
+
+    # ---- snapshots
+
+    def _snapshot_file(self, snapshot_id: str) -> Path:
+        if not isinstance(snapshot_id, str) or not _DIGEST_RE.fullmatch(snapshot_id):
+            raise SnapshotNotFound(str(snapshot_id), self.root)
+        return self.snapshots_dir / f"{snapshot_id}.json"
+
+    def save_snapshot(self, s: Snapshot, meta: dict[str, Any] | None = None) -> str:
+        """Record a snapshot (all its layers must be in the store); returns its id.
+
+        Saving the same snapshot again replaces its `meta`.
+        """
+        for layer in s.layers:
+            self.path(layer)  # raises LayerNotFound
+        sid = s.id
+        record = {"id": sid, "image": s.image, "layers": list(s.layers), "meta": meta or {}}
+        data = json.dumps(record, sort_keys=True, indent=1).encode("utf-8")
+        fd, tmp = tempfile.mkstemp(prefix="snapshot-", suffix=".json", dir=self.tmp_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._snapshot_file(sid))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return sid
+
+    def _read_snapshot(self, snapshot_id: str) -> dict[str, Any]:
+        p = self._snapshot_file(snapshot_id)
+        try:
+            record = json.loads(p.read_bytes())
+        except FileNotFoundError:
+            raise SnapshotNotFound(snapshot_id, self.root) from None
+        except ValueError as e:
+            raise LayerError(f"{p}: corrupt snapshot record: {e}") from None
+        return record
+
+    def load_snapshot(self, snapshot_id: str) -> Snapshot:
+        record = self._read_snapshot(snapshot_id)
+        try:
+            s = Snapshot(record["image"], tuple(record["layers"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LayerError(f"snapshot {snapshot_id}: corrupt record: {e}") from None
+        if s.id != snapshot_id:
+            raise LayerError(f"snapshot {snapshot_id}: record hashes to {s.id}")
+        return s
+
+    def snapshot_meta(self, snapshot_id: str) -> dict[str, Any]:
+        """The `meta` saved with the snapshot ({} if none)."""
+        return dict(self._read_snapshot(snapshot_id).get("meta") or {})
+
+    def list_snapshots(self) -> list[str]:
+        """Ids of all saved snapshots, sorted."""
+        return sorted(
+            n[: -len(".json")]
+            for n in os.listdir(self.snapshots_dir)
+            if n.endswith(".json") and _DIGEST_RE.fullmatch(n[: -len(".json")])
+        )

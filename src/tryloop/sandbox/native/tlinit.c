@@ -1,0 +1,672 @@
+/*
+ * tlinit: the init process of one tryloop sandbox.
+ *
+ * Started by the host with posix_spawn as `tlinit <ctl-fd>`, where ctl-fd is one
+ * end of a SOCK_SEQPACKET socketpair. Protocol (all integers native-endian):
+ *
+ *   host -> init   CONFIG  "key\0value\0..." pairs (first message)
+ *                  struct req + payload (EXEC carries 0-3 fds via SCM_RIGHTS)
+ *   init -> host   struct rsp (fixed size)
+ *
+ * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup
+ * (and net unless the sandbox shares the host network), forks, reports the
+ * child's host pid and exits. The child is pid 1 of the new pid namespace: it
+ * builds a private root (tmpfs staging root holding bind mounts of the image
+ * layers, a size-capped tmpfs for the writable layer and the overlay the agent
+ * sees), pivots into it and then serves requests until the control socket
+ * closes, which happens when the host closes the sandbox or dies. Either way
+ * it kills every process of the sandbox and exits, and the kernel tears down
+ * the namespaces and mounts with it: nothing leaks but the cgroup directories,
+ * which the host removes (or `tryloop sandbox gc` after a host crash).
+ *
+ * Each command runs in a fresh child: new session, chroot to the overlay,
+ * rlimits, oom_score_adj 0, all capabilities dropped (bounding set too),
+ * setuid to the unprivileged uid, no_new_privs, the precompiled seccomp filter,
+ * then execve. Resetting kills every process (kill(-1) from pid 1), detaches
+ * the overlay and its tmpfs, enters a fresh IPC namespace and mounts again:
+ * the cost does not depend on the size of the workspace.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROTO_VERSION 1
+
+enum { OP_EXEC = 1, OP_KILL = 2, OP_RESET = 3, OP_PING = 4 };
+enum {
+    R_PID = 1, R_READY = 2, R_STARTED = 3, R_FAILED = 4, R_EXIT = 5,
+    R_RESET = 6, R_PONG = 7, R_FATAL = 8, R_EXPIRED = 9,
+};
+/* Stages named in R_FAILED / R_FATAL so the host can say what broke. */
+enum {
+    S_NONE = 0, S_CONFIG, S_CGROUP, S_UNSHARE, S_FORK, S_MOUNT, S_PIVOT,
+    S_NET, S_SECCOMP_LOAD, S_CHROOT, S_RLIMIT, S_CAPS, S_SETUID, S_CWD,
+    S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET,
+};
+enum { F_STDIN = 1, F_STDOUT = 2, F_STDERR = 4, F_MERGE = 8 };
+enum { X_TIMEDOUT = 1, X_RESET = 2, X_EXPIRED = 4 };
+
+struct req {
+    uint32_t op, id, flags, timeout_ms;
+    uint32_t nargs, nenv, uid, gid;
+    uint64_t rl_nofile, rl_fsize, rl_cpu, sig;
+};
+
+struct rsp {
+    uint32_t op, id;
+    int32_t status, err;
+    uint32_t stage, flags;
+    uint64_t pid, wall_ns, utime_us, stime_us, maxrss_kb, extra;
+};
+
+#define MAXLAYERS 128
+#define MAXBINDS 32
+#define MAXRUN 256
+#define MSGMAX (256 * 1024)
+
+static struct {
+    char *mnt;                  /* host dir to mount the staging root on */
+    char *lower[MAXLAYERS];
+    int nlower;
+    char *bsrc[MAXBINDS], *bdst[MAXBINDS];
+    int nbind;
+    char *cg[16];
+    int ncg;
+    char *hostname;
+    char *seccomp_path;
+    int net;                    /* 1: share host network */
+    uint64_t quota, shm;
+    uint64_t lifetime_ms;
+} cfg;
+
+static struct sock_fprog seccomp_prog;
+static int ctl = -1;
+
+struct run {
+    uint32_t id;
+    pid_t pid;
+    uint64_t start_ns, deadline_ns; /* deadline 0: none */
+    uint32_t flags;
+};
+static struct run runs[MAXRUN];
+static int nruns;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void send_rsp(struct rsp *r) {
+    /* SEQPACKET keeps message boundaries; a full buffer blocks briefly. */
+    while (send(ctl, r, sizeof *r, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+}
+
+static void reply(uint32_t op, uint32_t id, int32_t err, uint32_t stage) {
+    struct rsp r = {0};
+    r.op = op; r.id = id; r.err = err; r.stage = stage;
+    send_rsp(&r);
+}
+
+static _Noreturn void fatal(uint32_t stage) {
+    reply(R_FATAL, 0, errno, stage);
+    _exit(111);
+}
+
+static int write_file(const char *path, const char *s) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, s, strlen(s));
+    int e = errno;
+    close(fd);
+    errno = e;
+    return n < 0 ? -1 : 0;
+}
+
+static void parse_config(char *buf, size_t len) {
+    char *p = buf, *end = buf + len;
+    while (p < end) {
+        char *k = p;
+        p += strlen(p) + 1;
+        if (p >= end) break;
+        char *v = p;
+        p += strlen(p) + 1;
+        if (!strcmp(k, "mnt")) cfg.mnt = v;
+        else if (!strcmp(k, "lower") && cfg.nlower < MAXLAYERS) cfg.lower[cfg.nlower++] = v;
+        else if (!strcmp(k, "bsrc") && cfg.nbind < MAXBINDS) cfg.bsrc[cfg.nbind] = v;
+        else if (!strcmp(k, "bdst") && cfg.nbind < MAXBINDS) cfg.bdst[cfg.nbind++] = v;
+        else if (!strcmp(k, "cg") && cfg.ncg < 16) cfg.cg[cfg.ncg++] = v;
+        else if (!strcmp(k, "hostname")) cfg.hostname = v;
+        else if (!strcmp(k, "seccomp")) cfg.seccomp_path = v;
+        else if (!strcmp(k, "net")) cfg.net = atoi(v);
+        else if (!strcmp(k, "quota")) cfg.quota = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "shm")) cfg.shm = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "lifetime_ms")) cfg.lifetime_ms = strtoull(v, NULL, 10);
+    }
+    if (!cfg.mnt || cfg.nlower == 0 || !cfg.seccomp_path) {
+        errno = EINVAL;
+        fatal(S_CONFIG);
+    }
+}
+
+static void load_seccomp(void) {
+    int fd = open(cfg.seccomp_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fatal(S_SECCOMP_LOAD);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter)) {
+        errno = EINVAL;
+        fatal(S_SECCOMP_LOAD);
+    }
+    struct sock_filter *f = malloc(st.st_size);
+    if (!f || read(fd, f, st.st_size) != st.st_size) fatal(S_SECCOMP_LOAD);
+    close(fd);
+    seccomp_prog.len = st.st_size / sizeof(struct sock_filter);
+    seccomp_prog.filter = f;
+}
+
+/* Mount what the agent sees at /root: overlay + read-only host binds + proc + dev. */
+static int mount_rootfs(void) {
+    char opts[16384], path[4096];
+    int n;
+    n = snprintf(opts, sizeof opts, "size=%llu,mode=0755", (unsigned long long)cfg.quota);
+    if (mount("tlrw", "/rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+    if (mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0) return -1;
+    n = snprintf(opts, sizeof opts, "lowerdir=");
+    for (int i = 0; i < cfg.nlower; i++)
+        n += snprintf(opts + n, sizeof opts - n, "%s/layers/%d", i ? ":" : "", i);
+    n += snprintf(opts + n, sizeof opts - n, ",upperdir=/rw/upper,workdir=/rw/work");
+    if (n >= (int)sizeof opts) { errno = E2BIG; return -1; }
+    if (mount("tlroot", "/root", "overlay", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+    for (int i = 0; i < cfg.nbind; i++) {
+        char src[64];
+        snprintf(src, sizeof src, "/binds/%d", i);
+        snprintf(path, sizeof path, "/root%s", cfg.bdst[i]);
+        if (mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
+        if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+            return -1;
+    }
+    if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
+    if (mount("tldev", "/root/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0) return -1;
+    static const struct { const char *name; int maj, min; } devs[] = {
+        {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
+    };
+    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
+        snprintf(path, sizeof path, "/root/dev/%s", devs[i].name);
+        if (mknod(path, S_IFCHR | 0666, makedev(devs[i].maj, devs[i].min)) < 0) return -1;
+        chmod(path, 0666); /* umask */
+    }
+    symlink("/proc/self/fd", "/root/dev/fd");
+    symlink("/proc/self/fd/0", "/root/dev/stdin");
+    symlink("/proc/self/fd/1", "/root/dev/stdout");
+    symlink("/proc/self/fd/2", "/root/dev/stderr");
+    mkdir("/root/dev/shm", 01777);
+    snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)cfg.shm);
+    if (mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+    return 0;
+}
+
+static void setup_root(void) {
+    char path[4096];
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fatal(S_MOUNT);
+    if (mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0) fatal(S_MOUNT);
+    static const char *dirs[] = {"rw", "root", "old", "layers", "binds"};
+    for (size_t i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", cfg.mnt, dirs[i]);
+        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+    }
+    /* Lower layers and bind sources are bound into the staging root so that a
+     * reset, after pivot_root, can mount them again without the host's tree. */
+    for (int i = 0; i < cfg.nlower; i++) {
+        snprintf(path, sizeof path, "%s/layers/%d", cfg.mnt, i);
+        if (mkdir(path, 0700) < 0 || mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0) fatal(S_MOUNT);
+    }
+    for (int i = 0; i < cfg.nbind; i++) {
+        snprintf(path, sizeof path, "%s/binds/%d", cfg.mnt, i);
+        if (mkdir(path, 0700) < 0 || mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
+            fatal(S_MOUNT);
+    }
+    snprintf(path, sizeof path, "%s/old", cfg.mnt);
+    if (syscall(SYS_pivot_root, cfg.mnt, path) < 0) fatal(S_PIVOT);
+    if (chdir("/") < 0 || umount2("/old", MNT_DETACH) < 0) fatal(S_PIVOT);
+    rmdir("/old");
+    if (mount_rootfs() < 0) fatal(S_MOUNT);
+}
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) fatal(S_NET);
+    struct ifreq ifr = {0};
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) fatal(S_NET);
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) fatal(S_NET);
+    close(s);
+}
+
+/* ---- one command ---- */
+
+struct execreq {
+    struct req h;
+    char *cwd;
+    char **argv, **envp;
+    int fds[3];
+};
+
+static void child_fail(int errpipe, uint32_t stage) {
+    uint32_t msg[2] = {stage, (uint32_t)errno};
+    (void)!write(errpipe, msg, sizeof msg);
+    _exit(127);
+}
+
+static const char *env_get(char **envp, const char *key) {
+    size_t kl = strlen(key);
+    for (char **e = envp; *e; e++)
+        if (!strncmp(*e, key, kl) && (*e)[kl] == '=') return *e + kl + 1;
+    return NULL;
+}
+
+static void exec_path(char **argv, char **envp) {
+    if (strchr(argv[0], '/')) {
+        execve(argv[0], argv, envp);
+        return;
+    }
+    const char *path = env_get(envp, "PATH");
+    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+    int saw_eacces = 0;
+    char buf[4096];
+    for (const char *p = path;; p++) {
+        const char *q = strchrnul(p, ':');
+        size_t l = q - p;
+        if (l + strlen(argv[0]) + 2 < sizeof buf) {
+            memcpy(buf, p, l);
+            if (l == 0) buf[l++] = '.';
+            buf[l] = '/';
+            strcpy(buf + l + 1, argv[0]);
+            execve(buf, argv, envp);
+            if (errno == EACCES) saw_eacces = 1;
+            else if (errno != ENOENT && errno != ENOTDIR) return;
+        }
+        if (!*q) break;
+        p = q;
+    }
+    errno = saw_eacces ? EACCES : ENOENT;
+}
+
+static _Noreturn void run_child(struct execreq *x, int errpipe) {
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    setsid();
+    /* Move the received fds out of the way, then onto 0, 1, 2. */
+    int fd_null = -1;
+    int target[3];
+    for (int i = 0; i < 3; i++) {
+        int f = x->fds[i];
+        if (f < 0) {
+            if (i == 2 && (x->h.flags & F_MERGE)) { target[i] = -2; continue; }
+            if (fd_null < 0) fd_null = open("/root/dev/null", O_RDWR | O_CLOEXEC);
+            f = fd_null;
+        }
+        target[i] = fcntl(f, F_DUPFD_CLOEXEC, 10);
+        if (target[i] < 0) child_fail(errpipe, S_FDS);
+    }
+    if (errpipe < 10) {
+        int e = fcntl(errpipe, F_DUPFD_CLOEXEC, 10);
+        if (e < 0) child_fail(errpipe, S_FDS);
+        errpipe = e;
+    }
+    for (int i = 0; i < 3; i++) {
+        int src = target[i] == -2 ? target[1] : target[i];
+        if (dup2(src, i) < 0) child_fail(errpipe, S_FDS);
+    }
+    /* close_range keeps 0-2 and the error pipe (CLOEXEC closes it at exec). */
+    if (syscall(SYS_close_range, 3, errpipe - 1, 0) < 0 ||
+        syscall(SYS_close_range, errpipe + 1, ~0U, 0) < 0)
+        child_fail(errpipe, S_FDS);
+    if (chroot("/root") < 0 || chdir("/") < 0) child_fail(errpipe, S_CHROOT);
+    write_file("/proc/self/oom_score_adj", "0");
+    struct rlimit rl;
+    rl.rlim_cur = rl.rlim_max = 0;
+    if (setrlimit(RLIMIT_CORE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+    if (x->h.rl_nofile) {
+        rl.rlim_cur = rl.rlim_max = x->h.rl_nofile;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+    }
+    if (x->h.rl_fsize) {
+        rl.rlim_cur = rl.rlim_max = x->h.rl_fsize;
+        if (setrlimit(RLIMIT_FSIZE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+    }
+    if (x->h.rl_cpu) {
+        rl.rlim_cur = x->h.rl_cpu;
+        rl.rlim_max = x->h.rl_cpu + 1; /* SIGXCPU first, then SIGKILL */
+        if (setrlimit(RLIMIT_CPU, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+    }
+    /* Capabilities: empty the bounding and ambient sets, then the uid switch
+     * clears the rest; capset afterwards covers uid 0 (image builds). */
+    for (int c = 0; c <= 63; c++)
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) child_fail(errpipe, S_CAPS);
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (setgroups(0, NULL) < 0 || setresgid(x->h.gid, x->h.gid, x->h.gid) < 0 ||
+        setresuid(x->h.uid, x->h.uid, x->h.uid) < 0)
+        child_fail(errpipe, S_SETUID);
+    struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct cd[2] = {{0}};
+    if (syscall(SYS_capset, &ch, cd) < 0) child_fail(errpipe, S_CAPS);
+    if (chdir(x->cwd) < 0) child_fail(errpipe, S_CWD);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(errpipe, S_NNP);
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0)
+        child_fail(errpipe, S_SECCOMP);
+    exec_path(x->argv, x->envp);
+    child_fail(errpipe, S_EXEC);
+    _exit(127);
+}
+
+static struct run *find_run_id(uint32_t id) {
+    for (int i = 0; i < nruns; i++)
+        if (runs[i].id == id) return &runs[i];
+    return NULL;
+}
+
+static void do_exec(char *buf, size_t len, int *fds, int nfds) {
+    struct execreq x;
+    memcpy(&x.h, buf, sizeof x.h);
+    uint32_t id = x.h.id;
+    if (nruns >= MAXRUN) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        errno = EAGAIN;
+        reply(R_FAILED, id, errno, S_TOOMANY);
+        return;
+    }
+    /* Payload: cwd\0 argv...\0 env...\0 */
+    char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
+    char *p = buf + sizeof x.h, *end = buf + len;
+    x.cwd = p;
+    p += strnlen(p, end - p) + 1;
+    for (uint32_t i = 0; i < x.h.nargs; i++) {
+        argv[i] = p < end ? p : (char *)"";
+        p += strnlen(p, end - p) + 1;
+    }
+    argv[x.h.nargs] = NULL;
+    for (uint32_t i = 0; i < x.h.nenv; i++) {
+        envp[i] = p < end ? p : (char *)"";
+        p += strnlen(p, end - p) + 1;
+    }
+    envp[x.h.nenv] = NULL;
+    x.argv = argv;
+    x.envp = envp;
+    int k = 0;
+    x.fds[0] = (x.h.flags & F_STDIN) && k < nfds ? fds[k++] : -1;
+    x.fds[1] = (x.h.flags & F_STDOUT) && k < nfds ? fds[k++] : -1;
+    x.fds[2] = (x.h.flags & F_STDERR) && k < nfds ? fds[k++] : -1;
+    if (x.h.nargs == 0) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        reply(R_FAILED, id, EINVAL, S_EXEC);
+        return;
+    }
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC) < 0) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        reply(R_FAILED, id, errno, S_FORK);
+        return;
+    }
+    uint64_t t0 = now_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(ep[0]);
+        run_child(&x, ep[1]);
+    }
+    int fork_errno = errno;
+    close(ep[1]);
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    if (pid < 0) {
+        close(ep[0]);
+        reply(R_FAILED, id, fork_errno, S_FORK);
+        return;
+    }
+    uint32_t msg[2];
+    ssize_t n;
+    do n = read(ep[0], msg, sizeof msg);
+    while (n < 0 && errno == EINTR);
+    close(ep[0]);
+    if (n == sizeof msg) {
+        /* The child is gone (or going); SIGCHLD reaps it without a record. */
+        reply(R_FAILED, id, (int32_t)msg[1], msg[0]);
+        return;
+    }
+    struct run *r = &runs[nruns++];
+    r->id = id;
+    r->pid = pid;
+    r->start_ns = t0;
+    r->deadline_ns = x.h.timeout_ms ? t0 + (uint64_t)x.h.timeout_ms * 1000000ull : 0;
+    r->flags = 0;
+    struct rsp s = {0};
+    s.op = R_STARTED;
+    s.id = id;
+    s.pid = pid;
+    send_rsp(&s);
+}
+
+static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_flags) {
+    struct run *r = &runs[idx];
+    struct rsp s = {0};
+    s.op = R_EXIT;
+    s.id = r->id;
+    s.pid = r->pid;
+    s.status = status;
+    s.flags = r->flags | extra_flags;
+    s.wall_ns = now_ns() - r->start_ns;
+    if (ru) {
+        s.utime_us = ru->ru_utime.tv_sec * 1000000ull + ru->ru_utime.tv_usec;
+        s.stime_us = ru->ru_stime.tv_sec * 1000000ull + ru->ru_stime.tv_usec;
+        s.maxrss_kb = ru->ru_maxrss;
+    }
+    send_rsp(&s);
+    runs[idx] = runs[--nruns];
+}
+
+static void reap(int block) {
+    for (;;) {
+        int status;
+        struct rusage ru;
+        pid_t pid = wait4(-1, &status, block ? 0 : WNOHANG, &ru);
+        if (pid < 0 && errno == EINTR) continue;
+        if (pid <= 0) return;
+        for (int i = 0; i < nruns; i++)
+            if (runs[i].pid == pid) {
+                finish_run(i, status, &ru, 0);
+                break;
+            }
+    }
+}
+
+static void kill_everything(uint32_t why) {
+    kill(-1, SIGKILL); /* from pid 1: every other process of the namespace */
+    reap(1);
+    while (nruns > 0) finish_run(0, SIGKILL, NULL, why); /* defensive */
+}
+
+static void do_reset(uint32_t id) {
+    uint64_t t0 = now_ns();
+    kill_everything(X_RESET);
+    if (umount2("/root", MNT_DETACH) < 0 || umount2("/rw", MNT_DETACH) < 0 ||
+        unshare(CLONE_NEWIPC) < 0 || mount_rootfs() < 0) {
+        reply(R_FATAL, id, errno, S_RESET);
+        _exit(112);
+    }
+    struct rsp s = {0};
+    s.op = R_RESET;
+    s.id = id;
+    s.wall_ns = now_ns() - t0;
+    send_rsp(&s);
+}
+
+static void serve(void) {
+    static char buf[MSGMAX];
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) fatal(S_FORK);
+    uint64_t expires = cfg.lifetime_ms ? now_ns() + cfg.lifetime_ms * 1000000ull : 0;
+    struct pollfd pf[2] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}};
+    for (;;) {
+        uint64_t now = now_ns(), next = expires;
+        for (int i = 0; i < nruns; i++)
+            if (runs[i].deadline_ns && !(runs[i].flags & X_TIMEDOUT) &&
+                (!next || runs[i].deadline_ns < next))
+                next = runs[i].deadline_ns;
+        int tmo = -1;
+        if (next) tmo = next <= now ? 0 : (int)((next - now) / 1000000ull) + 1;
+        int n = poll(pf, 2, tmo);
+        if (n < 0 && errno != EINTR) fatal(S_NONE);
+        now = now_ns();
+        for (int i = 0; i < nruns; i++)
+            if (runs[i].deadline_ns && !(runs[i].flags & X_TIMEDOUT) && now >= runs[i].deadline_ns) {
+                runs[i].flags |= X_TIMEDOUT;
+                kill(-runs[i].pid, SIGKILL);
+                kill(runs[i].pid, SIGKILL);
+            }
+        if (expires && now >= expires) {
+            kill_everything(X_EXPIRED);
+            reply(R_EXPIRED, 0, 0, S_NONE);
+            _exit(0);
+        }
+        if (n <= 0) continue;
+        if (pf[1].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {
+            }
+            reap(0);
+        }
+        if (pf[0].revents & POLLIN) {
+            char cbuf[CMSG_SPACE(sizeof(int) * 3)];
+            struct iovec iov = {buf, sizeof buf};
+            struct msghdr mh = {0};
+            mh.msg_iov = &iov;
+            mh.msg_iovlen = 1;
+            mh.msg_control = cbuf;
+            mh.msg_controllen = sizeof cbuf;
+            ssize_t len = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC);
+            if (len == 0) break; /* host closed or died */
+            if (len < 0) {
+                if (errno == EINTR || errno == EAGAIN) continue;
+                break;
+            }
+            int fds[3], nfds = 0;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                    int cnt = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (int i = 0; i < cnt && nfds < 3; i++) fds[nfds++] = ((int *)CMSG_DATA(c))[i];
+                }
+            if ((size_t)len < sizeof(struct req)) {
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                continue;
+            }
+            struct req h;
+            memcpy(&h, buf, sizeof h);
+            switch (h.op) {
+            case OP_EXEC:
+                do_exec(buf, len, fds, nfds);
+                break;
+            case OP_KILL: {
+                struct run *r = find_run_id(h.id);
+                if (r) {
+                    kill(-r->pid, (int)h.sig);
+                    kill(r->pid, (int)h.sig);
+                }
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                break;
+            }
+            case OP_RESET:
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                do_reset(h.id);
+                break;
+            case OP_PING:
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                reply(R_PONG, h.id, PROTO_VERSION, nruns);
+                break;
+            default:
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+            }
+        }
+        if (pf[0].revents & (POLLHUP | POLLERR) && !(pf[0].revents & POLLIN)) break;
+    }
+    kill_everything(X_RESET);
+    _exit(0);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: tlinit CTL_FD (started by tryloop, not by hand)\n");
+        return 2;
+    }
+    ctl = atoi(argv[1]);
+    fcntl(ctl, F_SETFD, FD_CLOEXEC);
+    static char cbuf[MSGMAX];
+    ssize_t len = recv(ctl, cbuf, sizeof cbuf - 1, 0);
+    if (len <= 0) return 3;
+    cbuf[len] = 0;
+    parse_config(cbuf, len);
+    load_seccomp();
+    for (int i = 0; i < cfg.ncg; i++)
+        if (write_file(cfg.cg[i], "0") < 0) fatal(S_CGROUP);
+    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
+    if (!cfg.net) flags |= CLONE_NEWNET;
+    if (unshare(flags) < 0) fatal(S_UNSHARE);
+    pid_t pid = fork();
+    if (pid < 0) fatal(S_FORK);
+    if (pid > 0) {
+        struct rsp r = {0};
+        r.op = R_PID;
+        r.pid = pid;
+        send_rsp(&r);
+        _exit(0);
+    }
+    /* pid 1 of the sandbox from here on. */
+    write_file("/proc/self/oom_score_adj", "-1000");
+    setup_root();
+    if (cfg.hostname && sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) fatal(S_MOUNT);
+    if (!cfg.net) loopback_up();
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    int devnull = open("/root/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        close(devnull);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    reply(R_READY, 0, 0, PROTO_VERSION);
+    serve();
+    return 0;
+}

@@ -1,0 +1,159 @@
+"""Results and handles of commands run in a sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal as _signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tryloop.errors import SandboxError
+
+if TYPE_CHECKING:
+    from tryloop.sandbox.sandbox import Sandbox
+
+OutputCallback = Callable[[str, bytes], None]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did. `exit_code` is None when a signal ended it."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_s: float = 0.0
+    user_s: float = 0.0
+    sys_s: float = 0.0
+    peak_memory_bytes: int = 0
+    oom_killed: bool = False
+    killed_by_reset: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.sys_s
+
+    def text(self, stream: str = "stdout") -> str:
+        return getattr(self, stream).decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        how = f"exit={self.exit_code}" if self.signal is None else f"signal={self.signal}"
+        extra = " timed_out" if self.timed_out else ""
+        return f"<ExecResult {how}{extra} wall={self.wall_s * 1000:.2f}ms out={len(self.stdout)}B err={len(self.stderr)}B>"
+
+
+@dataclass
+class _Stream:
+    name: str
+    fd: int
+    limit: int
+    on_output: OutputCallback | None
+    data: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    eof: asyncio.Future | None = None
+    queue: asyncio.Queue | None = None
+
+
+class Process:
+    """A command running in a sandbox. Await `wait()` for its ExecResult."""
+
+    def __init__(self, sandbox: Sandbox, exec_id: int, pid: int, streams: list[_Stream],
+                 stdin_fd: int | None, exit_future: asyncio.Future, timeout_s: float):
+        self._sandbox = sandbox
+        self.id = exec_id
+        self.pid = pid  # host pid, for diagnostics only
+        self._streams = streams
+        self._stdin_fd = stdin_fd
+        self._exit = exit_future
+        self._timeout_s = timeout_s
+        self._result: ExecResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._exit.done()
+
+    def kill(self, sig: int = _signal.SIGKILL) -> None:
+        """Signal the command's process group."""
+        if not self._exit.done():
+            self._sandbox._send_kill(self.id, sig)
+
+    async def write_stdin(self, data: bytes) -> None:
+        if self._stdin_fd is None:
+            raise SandboxError("this process was not started with stdin='pipe'")
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._stdin_fd, view)
+                view = view[n:]
+            except BlockingIOError:
+                fut = loop.create_future()
+                loop.add_writer(self._stdin_fd, fut.set_result, None)
+                try:
+                    await fut
+                finally:
+                    loop.remove_writer(self._stdin_fd)
+            except BrokenPipeError:
+                return
+
+    def close_stdin(self) -> None:
+        if self._stdin_fd is not None:
+            os.close(self._stdin_fd)
+            self._stdin_fd = None
+
+    async def stream(self) -> AsyncIterator[tuple[str, bytes]]:
+        """Yield (stream name, chunk) as output arrives, until both streams close."""
+        queues = [s.queue for s in self._streams if s.queue is not None]
+        if not queues:
+            raise SandboxError("start the process with stream=True to iterate its output")
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(q: asyncio.Queue) -> None:
+            while (item := await q.get()) is not None:
+                await merged.put(item)
+            await merged.put(None)
+
+        tasks = [asyncio.create_task(pump(q)) for q in queues]
+        open_streams = len(queues)
+        try:
+            while open_streams:
+                item = await merged.get()
+                if item is None:
+                    open_streams -= 1
+                    continue
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def wait(self) -> ExecResult:
+        if self._result is not None:
+            return self._result
+        # The init enforces the timeout; this guard only catches a hung init.
+        guard = self._timeout_s + 30 if self._timeout_s else None
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(self._exit), guard)
+        except TimeoutError:
+            self._sandbox._fail(f"init did not report command {self.id} within {guard:.0f}s")
+            raise SandboxError(f"sandbox {self._sandbox.id}: init stopped answering") from None
+        finally:
+            self.close_stdin()
+        eofs = [s.eof for s in self._streams if s.eof is not None and not s.eof.done()]
+        if eofs:
+            # Output written before exit is already in the pipe; a background child
+            # holding the pipe open must not hold the caller hostage.
+            await asyncio.wait(eofs, timeout=0.5)
+        for s in self._streams:
+            self._sandbox._close_stream(s)
+        self._result = self._sandbox._result_from(reply, self._streams)
+        return self._result

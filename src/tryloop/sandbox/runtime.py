@@ -1,0 +1,307 @@
+"""The sandbox runtime: builds sandboxes on this host's kernel and cleans up after them.
+
+One `SandboxRuntime` per process is enough; it owns the layer store, the cgroup
+parent, the compiled init and the seccomp filters, and records every sandbox it
+creates in a state directory so that a crashed owner's leftovers are reclaimed
+by the next runtime to start (or by `tryloop sandbox gc`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tryloop.config import RuntimeConfig, SandboxConfig
+from tryloop.errors import HostUnsupported, SandboxError
+from tryloop.sandbox import protocol as P
+from tryloop.sandbox import seccomp
+from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
+from tryloop.sandbox.images import Image, host_image, load_image
+from tryloop.sandbox.layers import LayerStore, Snapshot
+from tryloop.sandbox.native import build_init
+from tryloop.sandbox.sandbox import Sandbox
+
+
+@dataclass
+class GcReport:
+    records: int = 0
+    cgroups: int = 0
+    processes: int = 0
+    tmp_dirs: int = 0
+    kept: int = 0
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def reclaimed(self) -> int:
+        return self.records + self.cgroups + self.tmp_dirs
+
+
+def _start_time(pid: int) -> int | None:
+    """Kernel start time of a process (clock ticks since boot), to tell pids apart after reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def _raise_nofile() -> None:
+    # Each live sandbox holds two descriptors (control socket, pidfd).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class SandboxRuntime:
+    """Creates sandboxes from snapshots. See `create`."""
+
+    def __init__(self, config: RuntimeConfig | None = None, *, gc: bool = True):
+        self.config = config or RuntimeConfig()
+        from tryloop.sandbox.doctor import require_host
+
+        require_host()
+        self.store = LayerStore(self.config.store_dir)
+        self.cgroups = CgroupHost.detect(self.config.cgroup_name)
+        if self.cgroups.missing:
+            raise HostUnsupported(
+                f"cgroup controllers missing: {', '.join(self.cgroups.missing)}; "
+                "resource limits cannot be enforced (see `tryloop sandbox doctor`)",
+                missing=[f"cgroup:{c}" for c in self.cgroups.missing],
+            )
+        self.init_path = build_init(self.config.store_dir / "native")
+        self.records_dir = self.config.state_dir / "sandboxes"
+        self.mnt_dir = self.config.state_dir / "mnt"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.mnt_dir.mkdir(parents=True, exist_ok=True)
+        self._seccomp_files: dict[tuple[str, ...], Path] = {}
+        self._images: dict[str, Image] = {}
+        self._host_images: dict[tuple[int, int], Image] = {}
+        self._live: dict[str, Sandbox] = {}
+        self._me = (os.getpid(), _start_time(os.getpid()))
+        _raise_nofile()
+        if gc:
+            self.gc()
+
+    # ---- images and snapshots -------------------------------------------
+
+    def host_image(self, uid: int = 1000, gid: int = 1000) -> Image:
+        key = (uid, gid)
+        if key not in self._host_images:
+            img = host_image(self.store, uid, gid)
+            self._host_images[key] = img
+            self._images[img.id] = img
+        return self._host_images[key]
+
+    def image(self, image_id: str) -> Image:
+        if image_id not in self._images:
+            self._images[image_id] = load_image(self.store, image_id)
+        return self._images[image_id]
+
+    def register_image(self, image: Image) -> None:
+        self._images[image.id] = image
+
+    def base_snapshot(self, config: SandboxConfig | None = None) -> Snapshot:
+        """The default image with nothing on top: an empty /workspace."""
+        cfg = config or SandboxConfig()
+        return Snapshot(self.host_image(cfg.uid, cfg.gid).id)
+
+    def workspace_snapshot(self, src: str | Path | dict[str, bytes | str], *,
+                           image: Image | None = None, config: SandboxConfig | None = None) -> Snapshot:
+        """A snapshot whose /workspace holds `src` (a directory or {relative path: content}).
+
+        The files become a content-addressed layer owned by the agent's uid, so the
+        same content always gives the same snapshot id.
+        """
+        cfg = config or SandboxConfig()
+        img = image or self.host_image(cfg.uid, cfg.gid)
+        ws = cfg.workdir.strip("/")
+        if isinstance(src, dict):
+            layer = self.store.add_files({f"{ws}/{k.lstrip('/')}": v for k, v in src.items()},
+                                         uid=cfg.uid, gid=cfg.gid)
+        else:
+            src = Path(src)
+            if not src.is_dir():
+                raise SandboxError(f"workspace source {src} is not a directory")
+            with tempfile.TemporaryDirectory(dir=self.store.tmp_dir) as tmp:
+                dst = Path(tmp) / ws
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(src, dst, symlinks=True)
+                layer = self.store.add_tree(Path(tmp), uid=cfg.uid, gid=cfg.gid)
+        snap = Snapshot(img.id, (layer,))
+        self.store.save_snapshot(snap, {"source": str(src) if not isinstance(src, dict) else "files"})
+        return snap
+
+    def _seccomp_file(self, extra: Iterable[str]) -> Path:
+        key = tuple(sorted(set(extra)))
+        path = self._seccomp_files.get(key)
+        if path is None:
+            prog = seccomp.build_filter(key)
+            d = self.config.store_dir / "seccomp"
+            d.mkdir(parents=True, exist_ok=True)
+            path = d / f"{hashlib.sha256(prog).hexdigest()[:16]}.bpf"
+            if not path.exists():
+                tmp = d / f".{path.name}.{os.getpid()}"
+                tmp.write_bytes(prog)
+                os.replace(tmp, path)
+            self._seccomp_files[key] = path
+        return path
+
+    # ---- sandboxes ---------------------------------------------------------
+
+    async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
+                     *, timeout: float = 10.0) -> Sandbox:
+        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image)."""
+        cfg = config or SandboxConfig()
+        snap = snapshot or self.base_snapshot(cfg)
+        image = self.image(snap.image)
+        lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
+        sid = secrets.token_hex(6)
+        lim = cfg.limits
+        self._write_record(sid)
+        cg = None
+        parent_sock = child_sock = None
+        launcher = 0
+        try:
+            cg = self.cgroups.create(sid, CgroupLimits(
+                memory_bytes=lim.memory_mb << 20, pids=lim.pids,
+                cpu_quota_us=int(lim.cpus * 100_000), cpu_weight=lim.cpu_weight))
+            items = [("mnt", str(self.mnt_dir)), ("hostname", cfg.hostname),
+                     ("seccomp", str(self._seccomp_file(cfg.seccomp_extra_deny))),
+                     ("net", "1" if cfg.network else "0"), ("quota", str(lim.disk_mb << 20)),
+                     ("shm", str(lim.dev_shm_mb << 20)),
+                     ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
+            items += [("lower", p) for p in lowers]
+            for src, dst in image.binds:
+                items += [("bsrc", src), ("bdst", dst)]
+            items += [("cg", str(p)) for p in cg.procs_files()]
+            parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            os.set_inheritable(child_sock.fileno(), True)
+            launcher = os.posix_spawn(str(self.init_path), [str(self.init_path), str(child_sock.fileno())],
+                                      {})
+            child_sock.close()
+            child_sock = None
+            parent_sock.sendall(P.encode_config(items))
+            parent_sock.setblocking(False)
+            env = dict(image.env)
+            env.update(cfg.env)
+            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock)
+            parent_sock = None
+            try:
+                await sb._handshake(timeout)
+            except BaseException as e:
+                reason = sb._dead_reason or f"no answer from init within {timeout}s"
+                sb._detach(reason)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                raise SandboxError(f"sandbox {sid} failed to start: {reason}") from None
+            finally:
+                _reap(launcher)
+                launcher = 0
+            self._live[sid] = sb
+            return sb
+        except BaseException:
+            for s in (parent_sock, child_sock):
+                if s is not None:
+                    s.close()
+            if launcher:
+                _reap(launcher)
+            if cg is not None:
+                with contextlib.suppress(Exception):
+                    cg.remove()
+            self._remove_record(sid)
+            raise
+
+    def _forget(self, sb: Sandbox) -> None:
+        self._live.pop(sb.id, None)
+        try:
+            sb.cgroup.remove()
+        finally:
+            self._remove_record(sb.id)
+
+    @property
+    def live(self) -> list[Sandbox]:
+        return list(self._live.values())
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(sb.close() for sb in list(self._live.values())), return_exceptions=True)
+
+    # ---- crash records and garbage collection ------------------------------
+
+    def _write_record(self, sid: str) -> None:
+        data = json.dumps({"id": sid, "owner_pid": self._me[0], "owner_start": self._me[1],
+                           "cgroup": sid, "created": time.time()})
+        fd = os.open(self.records_dir / f"{sid}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+
+    def _remove_record(self, sid: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.records_dir / f"{sid}.json")
+
+    def gc(self) -> GcReport:
+        """Reclaim what sandboxes of dead owners left behind: processes, cgroups, records.
+
+        Mounts need no reclaiming: they live in each sandbox's private mount
+        namespace and vanish with its last process.
+        """
+        report = GcReport()
+        recorded: set[str] = set()
+        for rec_path in sorted(self.records_dir.glob("*.json")):
+            try:
+                rec = json.loads(rec_path.read_text())
+            except (OSError, ValueError):
+                rec_path.unlink(missing_ok=True)
+                report.records += 1
+                continue
+            sid = rec["id"]
+            owner = (rec["owner_pid"], rec["owner_start"])
+            alive = _start_time(owner[0]) == owner[1]
+            if alive and (owner != self._me or sid in self._live):
+                recorded.add(rec["cgroup"])
+                report.kept += 1
+                continue
+            try:
+                group = self.cgroups.group(rec["cgroup"])
+                report.processes += len(group.pids())
+                self.cgroups.remove(rec["cgroup"])
+                report.cgroups += 1
+            except Exception as e:  # keep going: gc must reclaim what it can
+                report.details.append(f"{sid}: {e}")
+            rec_path.unlink(missing_ok=True)
+            report.records += 1
+            report.details.append(f"reclaimed sandbox {sid} of dead owner pid {owner[0]}")
+        for name in self.cgroups.list_groups():
+            if name not in recorded and name not in self._live:
+                # A group with no record: its record was removed but the rmdir failed.
+                with contextlib.suppress(Exception):
+                    self.cgroups.remove(name)
+                    report.cgroups += 1
+                    report.details.append(f"removed orphan cgroup {name}")
+        cutoff = time.time() - 3600
+        for entry in self.store.tmp_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_mtime < cutoff:
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                    report.tmp_dirs += 1
+        return report
+
+
+def _reap(pid: int) -> None:
+    """Wait for the launcher, which exits right after forking the init."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -1,0 +1,474 @@
+"""One sandbox: a host-side handle on a tlinit process and its cgroup.
+
+All work inside goes through the init over a SOCK_SEQPACKET control socket;
+files are reached through the init's root with openat2 (see files.py). The
+handle is bound to the asyncio loop that created it.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import io
+import itertools
+import os
+import shlex
+import signal as _signal
+import socket
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from tryloop.config import SandboxConfig
+from tryloop.errors import SandboxClosed, SandboxError
+from tryloop.sandbox import protocol as P
+from tryloop.sandbox.files import FileInfo, SandboxFiles
+from tryloop.sandbox.layers import Snapshot
+from tryloop.sandbox.process import ExecResult, OutputCallback, Process, _Stream
+
+if TYPE_CHECKING:
+    from tryloop.sandbox.cgroups import SandboxCgroup
+    from tryloop.sandbox.runtime import SandboxRuntime
+
+Command = str | Sequence[str]
+User = Literal["agent", "root"]
+
+
+class Sandbox:
+    """An isolated, resource-capped place to run commands, restorable to its snapshot.
+
+    Create with `await runtime.create(snapshot, config)`; always `await close()`
+    (or use `async with`). Commands run as the unprivileged agent uid with no
+    capabilities, no_new_privs and a seccomp filter, inside private namespaces.
+    """
+
+    def __init__(self, runtime: SandboxRuntime, sid: str, snapshot: Snapshot, config: SandboxConfig,
+                 env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket):
+        self.runtime = runtime
+        self.id = sid
+        self.snapshot = snapshot
+        self.config = config
+        self._base_env = env
+        self.cgroup = cgroup
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._ids = itertools.count(1)
+        self._waiters: dict[tuple[int, int], asyncio.Future] = {}
+        self._running: dict[int, asyncio.Future] = {}
+        self.init_pid = 0
+        self._pidfd = -1
+        self._closed = False
+        self._dead_reason: str | None = None
+        self.created_at = time.monotonic()
+        self.resets = 0
+        self.files = SandboxFiles(self)
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    # ---- lifecycle -------------------------------------------------------
+
+    async def _handshake(self, timeout: float) -> None:
+        pid_fut = self._expect(P.R_PID, 0)
+        ready_fut = self._expect(P.R_READY, 0)
+        try:
+            pid_reply = await asyncio.wait_for(pid_fut, timeout)
+            self.init_pid = pid_reply.pid
+            self._pidfd = os.pidfd_open(self.init_pid)
+            await asyncio.wait_for(ready_fut, timeout)
+        except BaseException:
+            ready_fut.cancel()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._dead_reason is None
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Kill everything inside and release every kernel object the sandbox held."""
+        if self._closed:
+            return
+        self._closed = True
+        self._detach("sandbox closed")
+        if self._pidfd >= 0:
+            # Closing the socket makes the init kill the sandbox and exit.
+            await self._wait_init_exit(5.0)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self.runtime._forget(self)
+
+    async def _wait_init_exit(self, timeout: float) -> None:
+        fut = self._loop.create_future()
+        self._loop.add_reader(self._pidfd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            _pidfd_kill(self._pidfd)
+            await asyncio.sleep(0.01)
+        finally:
+            self._loop.remove_reader(self._pidfd)
+
+    def _detach(self, reason: str) -> None:
+        if self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+        if self._dead_reason is None:
+            self._dead_reason = reason
+        err = SandboxClosed(f"sandbox {self.id}: {self._dead_reason}")
+        for fut in list(self._waiters.values()) + list(self._running.values()):
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()  # mark retrieved: nobody may be waiting
+        self._waiters.clear()
+        self._running.clear()
+
+    def _fail(self, reason: str) -> None:
+        self._dead_reason = self._dead_reason or reason
+        self._detach(reason)
+
+    def _check(self) -> None:
+        if self._closed or self._dead_reason:
+            raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason or 'closed'}")
+
+    # ---- control channel -------------------------------------------------
+
+    def _expect(self, op: int, req_id: int) -> asyncio.Future:
+        fut = self._loop.create_future()
+        self._waiters[(op, req_id)] = fut
+        return fut
+
+    def _send(self, data: bytes, fds: Sequence[int] = ()) -> None:
+        self._check()
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        for _ in range(1000):
+            try:
+                self._sock.sendmsg([data], anc)
+                return
+            except BlockingIOError:
+                time.sleep(0.0005)  # the init drains in microseconds
+            except OSError as e:
+                self._fail(f"control socket: {e}")
+                raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason}") from None
+        raise SandboxError(f"sandbox {self.id}: control socket stayed full")
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(P.RSP.size)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._fail(f"control socket: {e}")
+                return
+            if not data:
+                self._fail("init exited")
+                return
+            r = P.Reply.decode(data)
+            if r.op == P.R_EXIT:
+                fut = self._running.pop(r.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(r)
+                continue
+            if r.op == P.R_FATAL:
+                self._fail(f"init failed at {P.stage_name(r.stage)}: {os.strerror(r.err)}")
+                return
+            if r.op == P.R_EXPIRED:
+                self._fail("sandbox lifetime expired")
+                return
+            key = (P.R_STARTED, r.id) if r.op == P.R_FAILED else (r.op, r.id)
+            fut = self._waiters.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(r)
+
+    def _send_kill(self, exec_id: int, sig: int) -> None:
+        self._send(P.encode_simple(P.OP_KILL, exec_id, sig))
+
+    async def ping(self) -> bool:
+        """True if the init answers; a pool uses it as a health check."""
+        if not self.alive:
+            return False
+        rid = next(self._ids)
+        fut = self._expect(P.R_PONG, rid)
+        try:
+            self._send(P.encode_simple(P.OP_PING, rid))
+            await asyncio.wait_for(fut, 2.0)
+            return True
+        except (SandboxError, TimeoutError):
+            return False
+
+    # ---- commands --------------------------------------------------------
+
+    async def start(
+        self, cmd: Command, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        stdin: bytes | Literal["pipe"] | None = None, timeout: float | None = None,
+        user: User = "agent", output_limit: int | None = None, merge_stderr: bool = False,
+        on_output: OutputCallback | None = None, stream: bool = False,
+    ) -> Process:
+        """Start a command and return its Process without waiting for it.
+
+        `cmd` is an argv list, or a string run by `/bin/sh -c`. The timeout (wall
+        clock, seconds) is enforced by the sandbox's init, which kills the
+        command's process group when it passes.
+        """
+        self._check()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
+        if not argv:
+            raise ValueError("cmd: empty argv")
+        lim = self.config.limits
+        timeout = lim.exec_timeout_s if timeout is None else timeout
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        cap = output_limit or self.config.output_limit_bytes
+        full_env = dict(self._base_env)
+        if env:
+            full_env.update(env)
+        uid, gid = (self.config.uid, self.config.gid) if user == "agent" else (0, 0)
+        send_fds: list[int] = []
+        close_after: list[int] = []
+        flags = 0
+        stdin_w: int | None = None
+        if stdin is not None:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            send_fds.append(r)
+            close_after.append(r)
+            flags |= P.F_STDIN
+            os.set_blocking(w, False)
+            stdin_w = w
+        streams: list[_Stream] = []
+        names = ["stdout"] if merge_stderr else ["stdout", "stderr"]
+        for name in names:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            send_fds.append(w)
+            close_after.append(w)
+            os.set_blocking(r, False)
+            streams.append(_Stream(name, r, cap, on_output,
+                                   queue=asyncio.Queue() if stream else None))
+        flags |= P.F_STDOUT | (P.F_MERGE if merge_stderr else P.F_STDERR)
+        eid = next(self._ids)
+        msg = P.encode_exec(
+            eid, argv=argv, env=full_env, cwd=cwd or self.config.workdir, flags=flags,
+            timeout_ms=max(1, int(timeout * 1000)), uid=uid, gid=gid, nofile=lim.open_files,
+            fsize=lim.file_size_mb << 20, cpu=lim.cpu_seconds or 0,
+        )
+        started = self._expect(P.R_STARTED, eid)
+        exit_fut = self._loop.create_future()
+        self._running[eid] = exit_fut
+        try:
+            self._send(msg, send_fds)
+        except BaseException:
+            self._waiters.pop((P.R_STARTED, eid), None)
+            self._running.pop(eid, None)
+            for fd in close_after + [s.fd for s in streams] + ([stdin_w] if stdin_w else []):
+                os.close(fd)
+            raise
+        for fd in close_after:
+            os.close(fd)
+        for s in streams:
+            s.eof = self._loop.create_future()
+            self._loop.add_reader(s.fd, self._on_output, s)
+        reply = await started
+        if reply.op == P.R_FAILED:
+            self._running.pop(eid, None)
+            for s in streams:
+                self._close_stream(s)
+            if stdin_w is not None:
+                os.close(stdin_w)
+            return _failed_process(self, eid, argv, cwd or self.config.workdir, reply)
+        proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
+                       exit_fut, timeout)
+        if isinstance(stdin, bytes):
+            asyncio.ensure_future(_feed(proc, stdin_w, stdin))
+        return proc
+
+    async def exec(self, cmd: Command, **kwargs) -> ExecResult:
+        """Run a command to completion; see `start` for the arguments."""
+        proc = await self.start(cmd, **kwargs)
+        return await proc.wait()
+
+    def _on_output(self, s: _Stream) -> None:
+        while True:
+            try:
+                chunk = os.read(s.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._close_stream(s)
+                return
+            room = s.limit - len(s.data)
+            if room > 0:
+                s.data += chunk[:room]
+            if len(chunk) > room:
+                s.truncated = True
+            if s.on_output is not None:
+                s.on_output(s.name, chunk)
+            if s.queue is not None:
+                s.queue.put_nowait((s.name, chunk))
+
+    def _close_stream(self, s: _Stream) -> None:
+        if s.fd >= 0:
+            self._loop.remove_reader(s.fd)
+            os.close(s.fd)
+            s.fd = -1
+            if s.queue is not None:
+                s.queue.put_nowait(None)
+        if s.eof is not None and not s.eof.done():
+            s.eof.set_result(None)
+
+    def _result_from(self, r: P.Reply, streams: list[_Stream]) -> ExecResult:
+        out = next((s for s in streams if s.name == "stdout"), None)
+        err = next((s for s in streams if s.name == "stderr"), None)
+        status = r.status
+        exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        timed_out = bool(r.flags & P.X_TIMEDOUT)
+        oom = False
+        if sig == _signal.SIGKILL and not timed_out and not (r.flags & P.X_RESET):
+            oom = self.cgroup.oom_kills() > 0
+        return ExecResult(
+            exit_code=exit_code, signal=sig,
+            stdout=bytes(out.data) if out else b"", stderr=bytes(err.data) if err else b"",
+            stdout_truncated=bool(out and out.truncated), stderr_truncated=bool(err and err.truncated),
+            timed_out=timed_out, wall_s=r.wall_ns / 1e9, user_s=r.utime_us / 1e6, sys_s=r.stime_us / 1e6,
+            peak_memory_bytes=r.maxrss_kb * 1024, oom_killed=oom,
+            killed_by_reset=bool(r.flags & (P.X_RESET | P.X_EXPIRED)),
+        )
+
+    # ---- state -------------------------------------------------------------
+
+    async def reset(self) -> float:
+        """Restore the snapshot exactly: every process killed, every write discarded.
+
+        Returns the seconds the init spent. Cost is independent of workspace size
+        (the writable layer is remounted, not copied or deleted).
+        """
+        self._check()
+        rid = next(self._ids)
+        fut = self._expect(P.R_RESET, rid)
+        self._send(P.encode_simple(P.OP_RESET, rid))
+        reply = await asyncio.wait_for(fut, 30)
+        self.cgroup.reset_peak()
+        self.resets += 1
+        return reply.wall_ns / 1e9
+
+    def upper_dir(self) -> Path:
+        """The writable layer as the host sees it (through the init's root)."""
+        self._check()
+        return Path(f"/proc/{self.init_pid}/root/rw/upper")
+
+    def root_dir(self) -> Path:
+        self._check()
+        return Path(f"/proc/{self.init_pid}/root/root")
+
+    async def snapshot_state(self, meta: dict | None = None) -> Snapshot:
+        """Freeze the sandbox's current files into a new immutable snapshot.
+
+        Processes are paused (cgroup freezer) while the writable layer is copied,
+        so the layer is a consistent cut; they continue afterwards.
+        """
+        self._check()
+        self.cgroup.freeze()
+        try:
+            layer = await asyncio.to_thread(self.runtime.store.add_tree, self.upper_dir())
+        finally:
+            self.cgroup.thaw()
+        snap = self.snapshot.child(layer)
+        self.runtime.store.save_snapshot(snap, {"parent": self.snapshot.id, **(meta or {})})
+        return snap
+
+    async def fork(self, n: int = 1) -> list[Sandbox]:
+        """Snapshot the current state and start `n` new sandboxes from it."""
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        snap = await self.snapshot_state({"forked_from": self.id})
+        return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
+
+    def stats(self) -> dict[str, int | None]:
+        return {
+            "memory_peak_bytes": self.cgroup.memory_peak_bytes(),
+            "oom_kills": self.cgroup.oom_kills(),
+            "pids": len(self.cgroup.pids()),
+            "cpu_usage_ns": self.cgroup.cpu_usage_ns(),
+        }
+
+    # ---- trees (through tar run inside, with the agent's privileges) ----------
+
+    async def upload(self, src: str | Path | bytes, dest: str = ".") -> None:
+        """Copy a host directory (or a tar archive given as bytes) into the sandbox."""
+        if isinstance(src, bytes):
+            data = src
+        else:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(str(src), arcname=".")
+            data = buf.getvalue()
+        dest_q = shlex.quote(dest)
+        res = await self.exec(f"mkdir -p {dest_q} && tar -x --no-same-owner -C {dest_q}", stdin=data)
+        if not res.ok:
+            raise SandboxError(f"upload to {dest} failed: {res.text('stderr').strip()}")
+
+    async def download(self, path: str = ".", limit_bytes: int = 1 << 30) -> bytes:
+        """A tar archive of a directory in the sandbox."""
+        res = await self.exec(["tar", "-c", "-C", path, "."], output_limit=limit_bytes)
+        if not res.ok or res.stdout_truncated:
+            why = "archive larger than limit" if res.stdout_truncated else res.text("stderr").strip()
+            raise SandboxError(f"download of {path} failed: {why}")
+        return res.stdout
+
+    # convenience pass-throughs to the file API
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self.files.read(path, max_bytes)
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self.files.write(path, data, mode)
+
+    def list_dir(self, path: str = ".") -> list[FileInfo]:
+        return self.files.list(path)
+
+    def stat(self, path: str) -> FileInfo:
+        return self.files.stat(path)
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else (self._dead_reason or "closed")
+        return f"<Sandbox {self.id} snapshot={self.snapshot.id[:12]} {state}>"
+
+
+async def _feed(proc: Process, fd: int, data: bytes) -> None:
+    proc._stdin_fd = fd
+    try:
+        await proc.write_stdin(data)
+    finally:
+        proc.close_stdin()
+
+
+def _pidfd_kill(pidfd: int) -> None:
+    try:
+        _signal.pidfd_send_signal(pidfd, _signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class _FailedProcess(Process):
+    """A command the init could not start for a reason the agent caused (no such
+    program, no such directory): reported like a shell would, exit 126/127."""
+
+    def __init__(self, sandbox: Sandbox, exec_id: int, message: str, code: int):
+        fut = asyncio.get_running_loop().create_future()
+        super().__init__(sandbox, exec_id, 0, [], None, fut, 0)
+        self._result = ExecResult(exit_code=code, signal=None, stdout=b"", stderr=message.encode())
+
+
+def _failed_process(sb: Sandbox, eid: int, argv: list[str], cwd: str, r: P.Reply) -> Process:
+    why = os.strerror(r.err)
+    if r.stage == P.S_EXEC:
+        return _FailedProcess(sb, eid, f"tryloop: cannot run {argv[0]}: {why}\n", 126 if r.err == 13 else 127)
+    if r.stage == P.S_CWD:
+        return _FailedProcess(sb, eid, f"tryloop: cannot enter directory {cwd}: {why}\n", 126)
+    raise SandboxError(f"sandbox {sb.id}: starting {argv[0]!r} failed at {P.stage_name(r.stage)}: {why}")
