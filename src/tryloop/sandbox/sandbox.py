@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import io
 import itertools
 import os
@@ -449,10 +450,8 @@ async def _feed(proc: Process, fd: int, data: bytes) -> None:
 
 
 def _pidfd_kill(pidfd: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         _signal.pidfd_send_signal(pidfd, _signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class _FailedProcess(Process):

@@ -1,0 +1,48 @@
+"""Shared fixtures: one real sandbox runtime per test session, in a private store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tryloop.config import RuntimeConfig, SandboxConfig, SandboxLimits
+
+
+@pytest.fixture(scope="session")
+def runtime_config(tmp_path_factory) -> RuntimeConfig:
+    base = tmp_path_factory.mktemp("tryloop")
+    return RuntimeConfig(store_dir=base / "store", state_dir=base / "state",
+                         cgroup_name="tryloop-test")
+
+
+@pytest.fixture(scope="session")
+def runtime(runtime_config):
+    from tryloop.sandbox import SandboxRuntime
+
+    rt = SandboxRuntime(runtime_config)
+    yield rt
+    # Nothing may outlive the session: every test closes what it opened.
+    leftover = rt.live
+    assert not leftover, f"sandboxes left open by tests: {leftover}"
+
+
+@pytest.fixture
+def small_config() -> SandboxConfig:
+    """Tight limits so that bombs hit them quickly."""
+    return SandboxConfig(limits=SandboxLimits(memory_mb=128, pids=64, disk_mb=32, exec_timeout_s=20))
+
+
+@pytest.fixture
+async def sandbox(runtime, small_config):
+    sb = await runtime.create(runtime.base_snapshot(small_config), small_config)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+@pytest.fixture(scope="session")
+def project_dir() -> Path:
+    """A small real Python project with a passing test, used as a workspace."""
+    return Path(__file__).parent / "data" / "calc_project"
