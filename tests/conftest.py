@@ -45,4 +45,6 @@ async def sandbox(runtime, small_config):
 @pytest.fixture(scope="session")
 def project_dir() -> Path:
     """A small real Python project with a passing test, used as a workspace."""
-    return Path(__file__).parent / "data" / "calc_project"
+    from tryloop.assets import CALC_PROJECT
+
+    return CALC_PROJECT

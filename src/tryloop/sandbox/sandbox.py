@@ -210,12 +210,14 @@ class Sandbox:
         stdin: bytes | Literal["pipe"] | None = None, timeout: float | None = None,
         user: User = "agent", output_limit: int | None = None, merge_stderr: bool = False,
         on_output: OutputCallback | None = None, stream: bool = False,
+        terminal_fd: int | None = None,
     ) -> Process:
         """Start a command and return its Process without waiting for it.
 
         `cmd` is an argv list, or a string run by `/bin/sh -c`. The timeout (wall
         clock, seconds) is enforced by the sandbox's init, which kills the
-        command's process group when it passes.
+        command's process group when it passes. `terminal_fd` (a pty's slave end)
+        replaces all three standard streams, for interactive shells.
         """
         self._check()
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
@@ -234,6 +236,8 @@ class Sandbox:
         close_after: list[int] = []
         flags = 0
         stdin_w: int | None = None
+        if terminal_fd is not None:
+            stdin = None
         if stdin is not None:
             r, w = os.pipe2(os.O_CLOEXEC)
             send_fds.append(r)
@@ -243,6 +247,10 @@ class Sandbox:
             stdin_w = w
         streams: list[_Stream] = []
         names = ["stdout"] if merge_stderr else ["stdout", "stderr"]
+        if terminal_fd is not None:
+            names = []
+            send_fds += [terminal_fd] * 3
+            flags |= P.F_STDIN
         for name in names:
             r, w = os.pipe2(os.O_CLOEXEC)
             send_fds.append(w)

@@ -1,0 +1,1 @@
+"""Benchmarks behind `tryloop bench`; runners and results live in benchmarks/."""

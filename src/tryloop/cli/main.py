@@ -1,0 +1,60 @@
+"""The `tryloop` command: a thin shell over the library."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tryloop.config import TryloopConfig, load_yaml, parse
+from tryloop.errors import TryloopError
+
+console = Console(stderr=True)
+app = typer.Typer(help="Agent RL in verifiable environments.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file (see docs/config.md)")]
+
+
+def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfig:
+    """The YAML file (or defaults) with CLI flags applied on top; flags name config fields
+    as dotted paths (e.g. "sandbox.limits.memory_mb")."""
+    base = load_yaml(path) if path else TryloopConfig()
+    data = base.model_dump()
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return parse(TryloopConfig, data, str(path) if path else "command-line flags")
+
+
+def run_cli(fn, *args, **kwargs):
+    """Turn tryloop errors into a clear message and exit status 1 (no traceback)."""
+    try:
+        return fn(*args, **kwargs)
+    except TryloopError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(1) from None
+
+
+def _register() -> None:
+    from tryloop.cli import bench, demo, sandbox
+
+    app.add_typer(sandbox.app, name="sandbox")
+    app.add_typer(bench.app, name="bench")
+    app.command("demo")(demo.demo)
+
+
+_register()
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app(prog_name="tryloop")
+    sys.exit(0)

@@ -1,0 +1,169 @@
+"""Images built from a small spec: a base, then pip / files / run steps, each a cached layer.
+
+    base: host                 # the default host-derived image, or an image id
+    env: {PIP_NO_INPUT: "1"}
+    steps:
+      - pip: ["six==1.16.0"]   # installed into /opt/tryloop/site (on PYTHONPATH)
+      - files: {/opt/data/words.txt: ./words.txt}
+      - run: "echo ready > /opt/marker"
+
+A step's cache key is the image it starts from plus the step itself, so
+editing one step rebuilds it and everything after it, and nothing before.
+`pip` and `run` steps execute in a sandbox of the image built so far (as uid 0
+without capabilities; `pip` with the host network) and their writable layer
+becomes the step's layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from tryloop.config import SandboxConfig, SandboxLimits, _Model, load_yaml
+from tryloop.errors import ConfigError, SandboxError
+from tryloop.sandbox.images import Image, image_id, save_image
+from tryloop.sandbox.layers import Snapshot
+
+SITE = "/opt/tryloop/site"
+
+
+class Step(_Model):
+    pip: list[str] | None = None
+    files: dict[str, str] | None = None
+    run: str | None = None
+    network: bool = False
+    timeout_s: float = Field(900.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Step:
+        kinds = [k for k in ("pip", "files", "run") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"a step has exactly one of pip / files / run, got {kinds or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("pip", "files", "run") if getattr(self, k) is not None)
+
+
+class ImageSpec(_Model):
+    base: str = "host"
+    uid: int = 1000
+    gid: int = 1000
+    env: dict[str, str] = Field(default_factory=dict)
+    steps: list[Step] = Field(default_factory=list)
+    source_dir: Path | None = Field(None, description="where relative `files` sources are resolved")
+
+
+def load_spec(path: str | Path) -> ImageSpec:
+    spec = load_yaml(path, ImageSpec)
+    if spec.source_dir is None:
+        spec = spec.model_copy(update={"source_dir": Path(path).resolve().parent})
+    return spec
+
+
+def _step_key(parent: str, step: Step, spec: ImageSpec) -> str:
+    doc = step.model_dump()
+    if step.files:
+        # Content of the sources, not just their names, decides the cache key.
+        h = hashlib.sha256()
+        for dst, src in sorted(step.files.items()):
+            p = _source(spec, src)
+            for f in sorted([p] if p.is_file() else [x for x in p.rglob("*") if x.is_file()]):
+                h.update(f"{dst}:{f.relative_to(p) if p.is_dir() else ''}\n".encode())
+                h.update(f.read_bytes())
+        doc["files_digest"] = h.hexdigest()
+    return hashlib.sha256(json.dumps([parent, doc], sort_keys=True).encode()).hexdigest()
+
+
+def _source(spec: ImageSpec, src: str) -> Path:
+    p = Path(src)
+    if not p.is_absolute() and spec.source_dir is not None:
+        p = spec.source_dir / p
+    if not p.exists():
+        raise ConfigError(f"image spec: files source {src} does not exist (looked at {p})")
+    return p
+
+
+async def build_image(runtime, spec: ImageSpec,
+                      on_step: Callable[[int, int, str, bool], None] | None = None) -> Image:
+    base = runtime.host_image(spec.uid, spec.gid) if spec.base == "host" else runtime.image(spec.base)
+    layers = list(base.layers)
+    env = dict(base.env)
+    env.update(spec.env)
+    if any(s.pip for s in spec.steps):
+        env["PYTHONPATH"] = ":".join(x for x in (SITE, env.get("PYTHONPATH", "")) if x)
+    cache_dir = runtime.store.root / "build-cache"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def current() -> Image:
+        iid = image_id(layers, base.binds, sorted(env.items()))
+        img = Image(iid, tuple(layers), base.binds, tuple(sorted(env.items())), spec.uid, spec.gid,
+                    meta={"kind": "spec", "base": base.id})
+        save_image(runtime.store, img)
+        runtime.register_image(img)
+        return img
+
+    img = current()
+    for i, step in enumerate(spec.steps, 1):
+        key = _step_key(img.id, step, spec)
+        cached = cache_dir / key
+        layer = cached.read_text().strip() if cached.exists() else None
+        hit = layer is not None and runtime.store.has(layer)
+        if not hit:
+            layer = await _run_step(runtime, img, step, spec)
+            cached.write_text(layer)
+        layers.insert(0, layer)
+        img = current()
+        if on_step:
+            on_step(i, len(spec.steps), _describe(step), hit)
+    return img
+
+
+def _describe(step: Step) -> str:
+    if step.pip:
+        return "pip " + " ".join(step.pip)
+    if step.files:
+        return "files " + ", ".join(step.files)
+    return "run " + (step.run or "")
+
+
+async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
+    if step.files is not None:
+        with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as tmp:
+            root = Path(tmp)
+            for dst, src in step.files.items():
+                p = _source(spec, src)
+                target = root / dst.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if p.is_dir():
+                    shutil.copytree(p, target, symlinks=True)
+                else:
+                    shutil.copy2(p, target)
+            return runtime.store.add_tree(root)
+    if step.pip is not None:
+        import shlex
+
+        cmd = (f"python3 -m pip install --no-cache-dir --disable-pip-version-check --no-warn-script-location "
+               f"--target {SITE} {' '.join(shlex.quote(p) for p in step.pip)}")
+        network = True
+    else:
+        cmd, network = step.run or "", step.network
+    cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
+                        limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
+    async with await runtime.create(Snapshot(img.id), cfg) as sb:
+        res = await sb.exec(cmd, user="root", cwd="/", env={"HOME": "/tmp"})
+        if not res.ok:
+            raise SandboxError(f"image step `{_describe(step)}` failed (exit {res.exit_code}):\n"
+                               f"{res.text('stderr')[-2000:]}{res.text()[-1000:]}")
+        sb.cgroup.freeze()
+        try:
+            return runtime.store.add_tree(sb.upper_dir())
+        finally:
+            sb.cgroup.thaw()
