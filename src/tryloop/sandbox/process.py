@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tryloop.errors import SandboxError
+from tryloop.sandbox import protocol as P
 
 if TYPE_CHECKING:
     from tryloop.sandbox.sandbox import Sandbox
@@ -68,7 +69,8 @@ class Process:
     """A command running in a sandbox. Await `wait()` for its ExecResult."""
 
     def __init__(self, sandbox: Sandbox, exec_id: int, pid: int, streams: list[_Stream],
-                 stdin_fd: int | None, exit_future: asyncio.Future, timeout_s: float):
+                 stdin_fd: int | None, exit_future: asyncio.Future, timeout_s: float,
+                 where: tuple[str, str]):
         self._sandbox = sandbox
         self.id = exec_id
         self.pid = pid  # host pid, for diagnostics only
@@ -76,6 +78,7 @@ class Process:
         self._stdin_fd = stdin_fd
         self._exit = exit_future
         self._timeout_s = timeout_s
+        self._where = where  # (program, cwd) for start-failure messages
         self._result: ExecResult | None = None
 
     @property
@@ -148,6 +151,11 @@ class Process:
             raise SandboxError(f"sandbox {self._sandbox.id}: init stopped answering") from None
         finally:
             self.close_stdin()
+        if reply.op == P.R_FAILED:
+            for s in self._streams:
+                self._sandbox._close_stream(s)
+            self._result = _failure_result(self._sandbox, self._where, reply)
+            return self._result
         eofs = [s.eof for s in self._streams if s.eof is not None and not s.eof.done()]
         if eofs:
             # Output written before exit is already in the pipe; a background child
@@ -157,3 +165,17 @@ class Process:
             self._sandbox._close_stream(s)
         self._result = self._sandbox._result_from(reply, self._streams)
         return self._result
+
+
+def _failure_result(sb: Sandbox, where: tuple[str, str], r: P.Reply) -> ExecResult:
+    """A start failure the agent caused (no such program or directory) reads like a
+    shell's (exit 127 / 126); anything else is an infrastructure error."""
+    why = os.strerror(r.err)
+    program, cwd = where
+    if r.stage == P.S_EXEC:
+        msg, code = f"tryloop: cannot run {program}: {why}\n", 126 if r.err == 13 else 127
+    elif r.stage == P.S_CWD:
+        msg, code = f"tryloop: cannot enter directory {cwd}: {why}\n", 126
+    else:
+        raise SandboxError(f"sandbox {sb.id}: starting {program!r} failed at {P.stage_name(r.stage)}: {why}")
+    return ExecResult(exit_code=code, signal=None, stdout=b"", stderr=msg.encode())

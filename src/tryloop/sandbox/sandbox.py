@@ -27,7 +27,7 @@ from tryloop.errors import SandboxClosed, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox.files import FileInfo, SandboxFiles
 from tryloop.sandbox.layers import Snapshot
-from tryloop.sandbox.process import ExecResult, OutputCallback, Process, _Stream
+from tryloop.sandbox.process import ExecResult, OutputCallback, Process, _failure_result, _Stream
 
 if TYPE_CHECKING:
     from tryloop.sandbox.cgroups import SandboxCgroup
@@ -182,6 +182,11 @@ class Sandbox:
             if r.op == P.R_EXPIRED:
                 self._fail("sandbox lifetime expired")
                 return
+            if r.op == P.R_FAILED:
+                # The command never ran: whoever waits for its exit learns why.
+                fut = self._running.pop(r.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(r)
             key = (P.R_STARTED, r.id) if r.op == P.R_FAILED else (r.op, r.id)
             fut = self._waiters.pop(key, None)
             if fut is not None and not fut.done():
@@ -210,7 +215,7 @@ class Sandbox:
         stdin: bytes | Literal["pipe"] | None = None, timeout: float | None = None,
         user: User = "agent", output_limit: int | None = None, merge_stderr: bool = False,
         on_output: OutputCallback | None = None, stream: bool = False,
-        terminal_fd: int | None = None,
+        terminal_fd: int | None = None, _wait_started: bool = True,
     ) -> Process:
         """Start a command and return its Process without waiting for it.
 
@@ -281,23 +286,31 @@ class Sandbox:
         for s in streams:
             s.eof = self._loop.create_future()
             self._loop.add_reader(s.fd, self._on_output, s)
-        reply = await started
-        if reply.op == P.R_FAILED:
-            self._running.pop(eid, None)
-            for s in streams:
-                self._close_stream(s)
-            if stdin_w is not None:
-                os.close(stdin_w)
-            return _failed_process(self, eid, argv, cwd or self.config.workdir, reply)
-        proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
-                       exit_fut, timeout)
+        where = (argv[0], cwd or self.config.workdir)
+        if not _wait_started:
+            # exec(): the exit (or failure) report is all it needs; skipping the
+            # separate wake-up for the start report saves a loop iteration.
+            started.cancel()
+            proc = Process(self, eid, 0, streams, stdin_w if stdin == "pipe" else None, exit_fut,
+                           timeout, where)
+        else:
+            reply = await started
+            if reply.op == P.R_FAILED:
+                self._running.pop(eid, None)
+                for s in streams:
+                    self._close_stream(s)
+                if stdin_w is not None:
+                    os.close(stdin_w)
+                return _FailedProcess(self, eid, _failure_result(self, where, reply))
+            proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
+                           exit_fut, timeout, where)
         if isinstance(stdin, bytes):
             asyncio.ensure_future(_feed(proc, stdin_w, stdin))
         return proc
 
     async def exec(self, cmd: Command, **kwargs) -> ExecResult:
         """Run a command to completion; see `start` for the arguments."""
-        proc = await self.start(cmd, **kwargs)
+        proc = await self.start(cmd, _wait_started=False, **kwargs)
         return await proc.wait()
 
     def _on_output(self, s: _Stream) -> None:
@@ -463,19 +476,9 @@ def _pidfd_kill(pidfd: int) -> None:
 
 
 class _FailedProcess(Process):
-    """A command the init could not start for a reason the agent caused (no such
-    program, no such directory): reported like a shell would, exit 126/127."""
+    """A command the init could not start; its result is already known."""
 
-    def __init__(self, sandbox: Sandbox, exec_id: int, message: str, code: int):
+    def __init__(self, sandbox: Sandbox, exec_id: int, result: ExecResult):
         fut = asyncio.get_running_loop().create_future()
-        super().__init__(sandbox, exec_id, 0, [], None, fut, 0)
-        self._result = ExecResult(exit_code=code, signal=None, stdout=b"", stderr=message.encode())
-
-
-def _failed_process(sb: Sandbox, eid: int, argv: list[str], cwd: str, r: P.Reply) -> Process:
-    why = os.strerror(r.err)
-    if r.stage == P.S_EXEC:
-        return _FailedProcess(sb, eid, f"tryloop: cannot run {argv[0]}: {why}\n", 126 if r.err == 13 else 127)
-    if r.stage == P.S_CWD:
-        return _FailedProcess(sb, eid, f"tryloop: cannot enter directory {cwd}: {why}\n", 126)
-    raise SandboxError(f"sandbox {sb.id}: starting {argv[0]!r} failed at {P.stage_name(r.stage)}: {why}")
+        super().__init__(sandbox, exec_id, 0, [], None, fut, 0, ("", ""))
+        self._result = result

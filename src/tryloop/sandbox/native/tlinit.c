@@ -108,6 +108,7 @@ static struct {
 
 static struct sock_fprog seccomp_prog;
 static int ctl = -1;
+static int cap_last = 63;
 
 struct run {
     uint32_t id;
@@ -321,10 +322,7 @@ static void exec_path(char **argv, char **envp) {
 }
 
 static _Noreturn void run_child(struct execreq *x, int errpipe) {
-    sigset_t all;
-    sigemptyset(&all);
-    sigprocmask(SIG_SETMASK, &all, NULL);
-    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL); /* the only disposition the zygote changed */
     setsid();
     /* Move the received fds out of the way, then onto 0, 1, 2. */
     int fd_null = -1;
@@ -333,7 +331,7 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
         int f = x->fds[i];
         if (f < 0) {
             if (i == 2 && (x->h.flags & F_MERGE)) { target[i] = -2; continue; }
-            if (fd_null < 0) fd_null = open("/root/dev/null", O_RDWR | O_CLOEXEC);
+            if (fd_null < 0) fd_null = open("/dev/null", O_RDWR | O_CLOEXEC);
             f = fd_null;
         }
         target[i] = fcntl(f, F_DUPFD_CLOEXEC, 10);
@@ -352,7 +350,6 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
     if (syscall(SYS_close_range, 3, errpipe - 1, 0) < 0 ||
         syscall(SYS_close_range, errpipe + 1, ~0U, 0) < 0)
         child_fail(errpipe, S_FDS);
-    if (chroot("/root") < 0 || chdir("/") < 0) child_fail(errpipe, S_CHROOT);
     write_file("/proc/self/oom_score_adj", "0");
     struct rlimit rl;
     rl.rlim_cur = rl.rlim_max = 0;
@@ -370,11 +367,9 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
         rl.rlim_max = x->h.rl_cpu + 1; /* SIGXCPU first, then SIGKILL */
         if (setrlimit(RLIMIT_CPU, &rl) < 0) child_fail(errpipe, S_RLIMIT);
     }
-    /* Capabilities: empty the bounding and ambient sets, then the uid switch
-     * clears the rest; capset afterwards covers uid 0 (image builds). */
-    for (int c = 0; c <= 63; c++)
-        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) child_fail(errpipe, S_CAPS);
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    /* Capabilities: the bounding and ambient sets are already empty (the
+     * zygote emptied them), the uid switch clears the rest, and capset
+     * afterwards covers uid 0 (image builds). */
     if (setgroups(0, NULL) < 0 || setresgid(x->h.gid, x->h.gid, x->h.gid) < 0 ||
         setresuid(x->h.uid, x->h.uid, x->h.uid) < 0)
         child_fail(errpipe, S_SETUID);
@@ -382,9 +377,6 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
     struct __user_cap_data_struct cd[2] = {{0}};
     if (syscall(SYS_capset, &ch, cd) < 0) child_fail(errpipe, S_CAPS);
     if (chdir(x->cwd) < 0) child_fail(errpipe, S_CWD);
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(errpipe, S_NNP);
-    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0)
-        child_fail(errpipe, S_SECCOMP);
     exec_path(x->argv, x->envp);
     child_fail(errpipe, S_EXEC);
     _exit(127);
@@ -396,86 +388,221 @@ static struct run *find_run_id(uint32_t id) {
     return NULL;
 }
 
-static void do_exec(char *buf, size_t len, int *fds, int nfds) {
-    struct execreq x;
-    memcpy(&x.h, buf, sizeof x.h);
-    uint32_t id = x.h.id;
-    if (nruns >= MAXRUN) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        errno = EAGAIN;
-        reply(R_FAILED, id, errno, S_TOOMANY);
-        return;
-    }
-    /* Payload: cwd\0 argv...\0 env...\0 */
-    char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
-    char *p = buf + sizeof x.h, *end = buf + len;
-    x.cwd = p;
+/* ---- the zygote: the sandbox's exec server ----
+ *
+ * Loading a seccomp filter costs ~200 us (the kernel JIT-compiles it), more than
+ * a third of a bare posix_spawn. So the filter is loaded once per sandbox root,
+ * into a zygote process that has already chrooted into the agent's root and set
+ * no_new_privs; every command is cloned from it and inherits the filter. The
+ * zygote clones with CLONE_PARENT, so commands are children of init, which reaps
+ * them and reports status and rusage. The zygote keeps root's uid to switch to
+ * the agent's per command; it is unreachable to the agent (other uid, seccomp
+ * denies ptrace) and is replaced at every reset. */
+
+struct zrsp {
+    uint32_t id;
+    int32_t err;
+    uint32_t stage, pad;
+    uint64_t pid, t0;
+};
+
+static int zsock = -1;
+static pid_t zpid;
+struct pend { uint32_t id, timeout_ms; };
+static struct pend pend[MAXRUN];
+static int npend;
+/* Commands that exited before the zygote's report reached init. */
+struct dead { pid_t pid; int status; struct rusage ru; uint64_t end_ns; };
+#define MAXDEAD 64
+static struct dead dead[MAXDEAD];
+static int ndead;
+
+static int parse_exec(char *buf, size_t len, int *fds, int nfds, struct execreq *x, char **argv, char **envp) {
+    char *p = buf + sizeof x->h, *end = buf + len;
+    x->cwd = p;
     p += strnlen(p, end - p) + 1;
-    for (uint32_t i = 0; i < x.h.nargs; i++) {
+    for (uint32_t i = 0; i < x->h.nargs; i++) {
         argv[i] = p < end ? p : (char *)"";
         p += strnlen(p, end - p) + 1;
     }
-    argv[x.h.nargs] = NULL;
-    for (uint32_t i = 0; i < x.h.nenv; i++) {
+    argv[x->h.nargs] = NULL;
+    for (uint32_t i = 0; i < x->h.nenv; i++) {
         envp[i] = p < end ? p : (char *)"";
         p += strnlen(p, end - p) + 1;
     }
-    envp[x.h.nenv] = NULL;
-    x.argv = argv;
-    x.envp = envp;
+    envp[x->h.nenv] = NULL;
+    x->argv = argv;
+    x->envp = envp;
     int k = 0;
-    x.fds[0] = (x.h.flags & F_STDIN) && k < nfds ? fds[k++] : -1;
-    x.fds[1] = (x.h.flags & F_STDOUT) && k < nfds ? fds[k++] : -1;
-    x.fds[2] = (x.h.flags & F_STDERR) && k < nfds ? fds[k++] : -1;
-    if (x.h.nargs == 0) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        reply(R_FAILED, id, EINVAL, S_EXEC);
-        return;
-    }
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC) < 0) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        reply(R_FAILED, id, errno, S_FORK);
-        return;
-    }
-    uint64_t t0 = now_ns();
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(ep[0]);
-        run_child(&x, ep[1]);
-    }
-    int fork_errno = errno;
-    close(ep[1]);
-    for (int i = 0; i < nfds; i++) close(fds[i]);
-    if (pid < 0) {
-        close(ep[0]);
-        reply(R_FAILED, id, fork_errno, S_FORK);
-        return;
-    }
-    uint32_t msg[2];
-    ssize_t n;
-    do n = read(ep[0], msg, sizeof msg);
-    while (n < 0 && errno == EINTR);
-    close(ep[0]);
-    if (n == sizeof msg) {
-        /* The child is gone (or going); SIGCHLD reaps it without a record. */
-        reply(R_FAILED, id, (int32_t)msg[1], msg[0]);
-        return;
-    }
-    struct run *r = &runs[nruns++];
-    r->id = id;
-    r->pid = pid;
-    r->start_ns = t0;
-    r->deadline_ns = x.h.timeout_ms ? t0 + (uint64_t)x.h.timeout_ms * 1000000ull : 0;
-    r->flags = 0;
-    struct rsp s = {0};
-    s.op = R_STARTED;
-    s.id = id;
-    s.pid = pid;
-    send_rsp(&s);
+    x->fds[0] = (x->h.flags & F_STDIN) && k < nfds ? fds[k++] : -1;
+    x->fds[1] = (x->h.flags & F_STDOUT) && k < nfds ? fds[k++] : -1;
+    x->fds[2] = (x->h.flags & F_STDERR) && k < nfds ? fds[k++] : -1;
+    return x->h.nargs == 0 ? -1 : 0;
 }
 
-static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_flags) {
+static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds) {
+    char cbuf[CMSG_SPACE(sizeof(int) * 3)];
+    struct iovec iov = {buf, size};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t len;
+    do len = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (len < 0 && errno == EINTR);
+    *nfds = 0;
+    if (len <= 0) return (int)len;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int cnt = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (int i = 0; i < cnt; i++) {
+                int fd = ((int *)CMSG_DATA(c))[i];
+                if (*nfds < 3) fds[(*nfds)++] = fd;
+                else close(fd);
+            }
+        }
+    return (int)len;
+}
+
+static _Noreturn void zygote_main(int s) {
+    static char buf[MSGMAX];
+    if (s != 3) {
+        dup2(s, 3);
+        s = 3;
+    }
+    syscall(SYS_close_range, 4, ~0U, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    uint32_t stage = 0;
+    if (chroot("/root") < 0 || chdir("/") < 0) stage = S_CHROOT;
+    for (int c = 0; !stage && c <= cap_last; c++)
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) stage = S_CAPS;
+    if (!stage && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) stage = S_CAPS;
+    if (stage) {
+    } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
+    else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0) stage = S_SECCOMP;
+    for (;;) {
+        int fds[3], nfds;
+        int len = recv_with_fds(s, buf, sizeof buf, fds, &nfds);
+        if (len <= 0) _exit(0);
+        struct execreq x;
+        memcpy(&x.h, buf, sizeof x.h);
+        struct zrsp z = {0};
+        z.id = x.h.id;
+        char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
+        int ep[2];
+        if (stage) {
+            z.err = EPERM;
+            z.stage = stage;
+        } else if (parse_exec(buf, len, fds, nfds, &x, argv, envp) < 0) {
+            z.err = EINVAL;
+            z.stage = S_EXEC;
+        } else if (pipe2(ep, O_CLOEXEC) < 0) {
+            z.err = errno;
+            z.stage = S_FORK;
+        } else {
+            z.t0 = now_ns();
+            pid_t pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+            if (pid == 0) {
+                close(ep[0]);
+                run_child(&x, ep[1]);
+            }
+            int e = errno;
+            close(ep[1]);
+            if (pid < 0) {
+                z.err = e;
+                z.stage = S_FORK;
+            } else {
+                uint32_t msg[2];
+                ssize_t n;
+                do n = read(ep[0], msg, sizeof msg);
+                while (n < 0 && errno == EINTR);
+                if (n == sizeof msg) {
+                    z.stage = msg[0];
+                    z.err = (int32_t)msg[1];
+                } else {
+                    z.pid = pid;
+                }
+            }
+            close(ep[0]);
+        }
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        while (send(s, &z, sizeof z, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+static void spawn_zygote(void) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        zygote_main(sv[1]);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        return;
+    }
+    zsock = sv[0];
+    zpid = pid;
+}
+
+static void fail_pending(int32_t err, uint32_t stage) {
+    for (int i = 0; i < npend; i++) reply(R_FAILED, pend[i].id, err, stage);
+    npend = 0;
+}
+
+static void zygote_gone(void) {
+    if (zsock >= 0) close(zsock);
+    zsock = -1;
+    zpid = 0;
+    fail_pending(ECHILD, S_FORK);
+}
+
+static void do_exec(char *buf, size_t len, int *fds, int nfds) {
+    struct req h;
+    memcpy(&h, buf, sizeof h);
+    int32_t err = 0;
+    uint32_t stage = 0;
+    if (nruns + npend >= MAXRUN) {
+        err = EAGAIN;
+        stage = S_TOOMANY;
+    } else {
+        if (zsock < 0) spawn_zygote();
+        struct iovec iov = {buf, len};
+        char cbuf[CMSG_SPACE(sizeof(int) * 3)];
+        struct msghdr mh = {0};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        if (nfds > 0) {
+            mh.msg_control = cbuf;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+        }
+        if (zsock < 0) {
+            err = EAGAIN;
+            stage = S_FORK;
+        } else if (sendmsg(zsock, &mh, MSG_NOSIGNAL) < 0) {
+            err = errno;
+            stage = S_FORK;
+        } else {
+            pend[npend].id = h.id;
+            pend[npend++].timeout_ms = h.timeout_ms;
+        }
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    if (stage) reply(R_FAILED, h.id, err, stage);
+}
+
+static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_flags, uint64_t end_ns) {
     struct run *r = &runs[idx];
     struct rsp s = {0};
     s.op = R_EXIT;
@@ -483,7 +610,7 @@ static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_fl
     s.pid = r->pid;
     s.status = status;
     s.flags = r->flags | extra_flags;
-    s.wall_ns = now_ns() - r->start_ns;
+    s.wall_ns = (end_ns ? end_ns : now_ns()) - r->start_ns;
     if (ru) {
         s.utime_us = ru->ru_utime.tv_sec * 1000000ull + ru->ru_utime.tv_usec;
         s.stime_us = ru->ru_stime.tv_sec * 1000000ull + ru->ru_stime.tv_usec;
@@ -493,6 +620,47 @@ static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_fl
     runs[idx] = runs[--nruns];
 }
 
+static void on_zygote_reply(void) {
+    struct zrsp z;
+    ssize_t n = recv(zsock, &z, sizeof z, MSG_DONTWAIT);
+    if (n == 0) {
+        zygote_gone();
+        return;
+    }
+    if (n != sizeof z) return;
+    uint32_t timeout_ms = 0;
+    int found = 0;
+    for (int i = 0; i < npend; i++)
+        if (pend[i].id == z.id) {
+            timeout_ms = pend[i].timeout_ms;
+            pend[i] = pend[--npend];
+            found = 1;
+            break;
+        }
+    if (!found) return;
+    if (!z.pid) {
+        reply(R_FAILED, z.id, z.err, z.stage);
+        return;
+    }
+    struct run *r = &runs[nruns++];
+    r->id = z.id;
+    r->pid = (pid_t)z.pid;
+    r->start_ns = z.t0;
+    r->deadline_ns = timeout_ms ? z.t0 + (uint64_t)timeout_ms * 1000000ull : 0;
+    r->flags = 0;
+    struct rsp s = {0};
+    s.op = R_STARTED;
+    s.id = z.id;
+    s.pid = z.pid;
+    send_rsp(&s);
+    for (int i = 0; i < ndead; i++)
+        if (dead[i].pid == r->pid) {
+            finish_run(nruns - 1, dead[i].status, &dead[i].ru, 0, dead[i].end_ns);
+            dead[i] = dead[--ndead];
+            break;
+        }
+}
+
 static void reap(int block) {
     for (;;) {
         int status;
@@ -500,18 +668,34 @@ static void reap(int block) {
         pid_t pid = wait4(-1, &status, block ? 0 : WNOHANG, &ru);
         if (pid < 0 && errno == EINTR) continue;
         if (pid <= 0) return;
-        for (int i = 0; i < nruns; i++)
+        if (pid == zpid) {
+            zygote_gone();
+            continue;
+        }
+        int i;
+        for (i = 0; i < nruns; i++)
             if (runs[i].pid == pid) {
-                finish_run(i, status, &ru, 0);
+                finish_run(i, status, &ru, 0, 0);
                 break;
             }
+        if (i == nruns && npend > 0) {
+            /* Possibly a command whose start report is still on its way. */
+            struct dead *d = &dead[ndead < MAXDEAD ? ndead++ : (int)(now_ns() % MAXDEAD)];
+            d->pid = pid;
+            d->status = status;
+            d->ru = ru;
+            d->end_ns = now_ns();
+        }
     }
 }
 
 static void kill_everything(uint32_t why) {
     kill(-1, SIGKILL); /* from pid 1: every other process of the namespace */
     reap(1);
-    while (nruns > 0) finish_run(0, SIGKILL, NULL, why); /* defensive */
+    if (zsock >= 0) zygote_gone();
+    fail_pending(ECHILD, S_RESET);
+    while (nruns > 0) finish_run(0, SIGKILL, NULL, why, 0); /* defensive */
+    ndead = 0;
 }
 
 static void do_reset(uint32_t id) {
@@ -522,6 +706,7 @@ static void do_reset(uint32_t id) {
         reply(R_FATAL, id, errno, S_RESET);
         _exit(112);
     }
+    spawn_zygote();
     struct rsp s = {0};
     s.op = R_RESET;
     s.id = id;
@@ -538,8 +723,9 @@ static void serve(void) {
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) fatal(S_FORK);
     uint64_t expires = cfg.lifetime_ms ? now_ns() + cfg.lifetime_ms * 1000000ull : 0;
-    struct pollfd pf[2] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}};
+    struct pollfd pf[3] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}, {-1, POLLIN, 0}};
     for (;;) {
+        pf[2].fd = zsock;
         uint64_t now = now_ns(), next = expires;
         for (int i = 0; i < nruns; i++)
             if (runs[i].deadline_ns && !(runs[i].flags & X_TIMEDOUT) &&
@@ -547,7 +733,7 @@ static void serve(void) {
                 next = runs[i].deadline_ns;
         int tmo = -1;
         if (next) tmo = next <= now ? 0 : (int)((next - now) / 1000000ull) + 1;
-        int n = poll(pf, 2, tmo);
+        int n = poll(pf, 3, tmo);
         if (n < 0 && errno != EINTR) fatal(S_NONE);
         now = now_ns();
         for (int i = 0; i < nruns; i++)
@@ -568,26 +754,16 @@ static void serve(void) {
             }
             reap(0);
         }
+        if (pf[2].fd >= 0 && pf[2].fd == zsock && (pf[2].revents & (POLLIN | POLLHUP)))
+            on_zygote_reply();
         if (pf[0].revents & POLLIN) {
-            char cbuf[CMSG_SPACE(sizeof(int) * 3)];
-            struct iovec iov = {buf, sizeof buf};
-            struct msghdr mh = {0};
-            mh.msg_iov = &iov;
-            mh.msg_iovlen = 1;
-            mh.msg_control = cbuf;
-            mh.msg_controllen = sizeof cbuf;
-            ssize_t len = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC);
+            int fds[3], nfds;
+            int len = recv_with_fds(ctl, buf, sizeof buf, fds, &nfds);
             if (len == 0) break; /* host closed or died */
             if (len < 0) {
-                if (errno == EINTR || errno == EAGAIN) continue;
+                if (errno == EAGAIN) continue;
                 break;
             }
-            int fds[3], nfds = 0;
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                    int cnt = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                    for (int i = 0; i < cnt && nfds < 3; i++) fds[nfds++] = ((int *)CMSG_DATA(c))[i];
-                }
             if ((size_t)len < sizeof(struct req)) {
                 for (int i = 0; i < nfds; i++) close(fds[i]);
                 continue;
@@ -638,6 +814,11 @@ int main(int argc, char **argv) {
     cbuf[len] = 0;
     parse_config(cbuf, len);
     load_seccomp();
+    FILE *cl = fopen("/proc/sys/kernel/cap_last_cap", "re");
+    if (cl) {
+        if (fscanf(cl, "%d", &cap_last) != 1) cap_last = 63;
+        fclose(cl);
+    }
     for (int i = 0; i < cfg.ncg; i++)
         if (write_file(cfg.cg[i], "0") < 0) fatal(S_CGROUP);
     int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
@@ -666,6 +847,7 @@ int main(int argc, char **argv) {
         close(devnull);
     }
     signal(SIGPIPE, SIG_IGN);
+    spawn_zygote();
     reply(R_READY, 0, 0, PROTO_VERSION);
     serve();
     return 0;
