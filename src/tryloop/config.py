@@ -52,6 +52,9 @@ class RuntimeConfig(_Model):
 
     store_dir: Path = Field(Path("/var/lib/tryloop"), description="layers, snapshots, images, native build")
     state_dir: Path = Field(Path("/run/tryloop"), description="records of live sandboxes, for gc after a crash")
+    memory_dir: Path | None = Field(Path("/dev/shm/tryloop"),
+                                    description="tmpfs for layers frozen from live sandboxes (snapshot, fork); "
+                                                "None keeps them on disk")
     cgroup_name: str = Field("tryloop", pattern=r"^[A-Za-z0-9_.-]+$", description="parent cgroup of all sandboxes")
 
 

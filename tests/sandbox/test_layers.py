@@ -465,3 +465,16 @@ def test_freeze_speed_100_small_files(store: LayerStore, tmp_path: Path) -> None
         f"\nfreeze of 100 small files: best {times[0] * 1e3:.2f} ms, "
         f"median {times[5] * 1e3:.2f} ms (tree_digest alone {hash_only * 1e3:.2f} ms)"
     )
+
+
+def test_memory_layers_are_addressable_and_persist_to_disk(tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("hello")
+    store = LayerStore(tmp_path / "store", memory_dir=tmp_path / "mem")
+    digest = store.add_tree(src, memory=True)
+    assert store.path(digest).parent == tmp_path / "mem" / "layers"
+    assert store.has(digest) and tree_digest(store.path(digest)) == digest
+    store.persist(digest)
+    assert store.path(digest).parent == store.layers_dir
+    assert tree_digest(store.path(digest)) == digest

@@ -73,7 +73,8 @@ class SandboxRuntime:
         from tryloop.sandbox.doctor import require_host
 
         require_host()
-        self.store = LayerStore(self.config.store_dir)
+        mem = self.config.memory_dir
+        self.store = LayerStore(self.config.store_dir, mem if mem is not None and mem.parent.is_dir() else None)
         self.cgroups = CgroupHost.detect(self.config.cgroup_name)
         if self.cgroups.missing:
             raise HostUnsupported(
