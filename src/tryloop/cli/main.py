@@ -52,9 +52,18 @@ def _register() -> None:
     app.command("demo")(demo.demo)
 
 
-_register()
-
-
 def main() -> None:  # pragma: no cover - entry point
     app(prog_name="tryloop")
     sys.exit(0)
+
+
+@app.command("config")
+def show_config(config: ConfigOpt = None) -> None:
+    """Print the effective configuration (defaults, then the file) as YAML."""
+    import yaml
+
+    cfg = run_cli(load_config, config, {})
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+
+
+_register()
