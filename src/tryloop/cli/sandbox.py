@@ -129,7 +129,8 @@ def shell(
 
     async def go(sb):
         master, slave = os.openpty()
-        proc = await sb.start(["/bin/bash", "-i"], terminal_fd=slave, timeout=24 * 3600)
+        env = {"TERM": os.environ.get("TERM", "xterm"), "PS1": r"sandbox:\w\$ "}
+        proc = await sb.start(["/bin/bash", "--norc", "-i"], terminal_fd=slave, timeout=24 * 3600, env=env)
         os.close(slave)
         loop = asyncio.get_running_loop()
         stdin = sys.stdin.fileno()

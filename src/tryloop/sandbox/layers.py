@@ -512,9 +512,8 @@ class LayerStore:
     def persist(self, digest: str) -> None:
         """Copy a layer kept in memory into the store on disk (same digest)."""
         p = self.path(digest)
-        if p.parent != self.layers_dir:
-            if self.add_tree(p) != digest:
-                raise LayerError(f"layer {digest} changed while in memory")
+        if p.parent != self.layers_dir and self.add_tree(p) != digest:
+            raise LayerError(f"layer {digest} changed while in memory")
 
     def add_files(
         self,

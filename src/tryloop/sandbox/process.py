@@ -63,6 +63,7 @@ class _Stream:
     truncated: bool = False
     eof: asyncio.Future | None = None
     queue: asyncio.Queue | None = None
+    watched: bool = False  # registered with the event loop
 
 
 class Process:
@@ -70,7 +71,7 @@ class Process:
 
     def __init__(self, sandbox: Sandbox, exec_id: int, pid: int, streams: list[_Stream],
                  stdin_fd: int | None, exit_future: asyncio.Future, timeout_s: float,
-                 where: tuple[str, str]):
+                 where: tuple[str, str], watcher: asyncio.TimerHandle | None = None):
         self._sandbox = sandbox
         self.id = exec_id
         self.pid = pid  # host pid, for diagnostics only
@@ -79,6 +80,7 @@ class Process:
         self._exit = exit_future
         self._timeout_s = timeout_s
         self._where = where  # (program, cwd) for start-failure messages
+        self._watcher = watcher
         self._result: ExecResult | None = None
 
     @property
@@ -142,22 +144,32 @@ class Process:
     async def wait(self) -> ExecResult:
         if self._result is not None:
             return self._result
-        # The init enforces the timeout; this guard only catches a hung init.
-        guard = self._timeout_s + 30 if self._timeout_s else None
+        # The init enforces the timeout; this guard only catches a hung init (it
+        # fails the sandbox, which fails every pending command).
+        guard = None
+        if not self._exit.done() and self._timeout_s:
+            delay = self._timeout_s + 30
+            guard = asyncio.get_running_loop().call_later(
+                delay, self._sandbox._fail, f"init did not report command {self.id} within {delay:.0f}s")
         try:
-            reply = await asyncio.wait_for(asyncio.shield(self._exit), guard)
-        except TimeoutError:
-            self._sandbox._fail(f"init did not report command {self.id} within {guard:.0f}s")
-            raise SandboxError(f"sandbox {self._sandbox.id}: init stopped answering") from None
+            reply = await asyncio.shield(self._exit)
         finally:
+            if guard is not None:
+                guard.cancel()
             self.close_stdin()
+        if self._watcher is not None:
+            self._watcher.cancel()
         if reply.op == P.R_FAILED:
             for s in self._streams:
                 self._sandbox._close_stream(s)
             self._result = _failure_result(self._sandbox, self._where, reply)
             return self._result
+        for s in self._streams:
+            if s.fd >= 0:
+                self._sandbox._on_output(s)  # drain what is buffered; closes at EOF
         eofs = [s.eof for s in self._streams if s.eof is not None and not s.eof.done()]
         if eofs:
+            self._sandbox._watch(self._streams)
             # Output written before exit is already in the pipe; a background child
             # holding the pipe open must not hold the caller hostage.
             await asyncio.wait(eofs, timeout=0.5)

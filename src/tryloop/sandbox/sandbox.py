@@ -285,25 +285,34 @@ class Sandbox:
             os.close(fd)
         for s in streams:
             s.eof = self._loop.create_future()
-            self._loop.add_reader(s.fd, self._on_output, s)
+        watcher = None
+        if on_output is None and not stream:
+            # Most commands finish before their output could fill a pipe: their
+            # output is drained at exit, and the pipes are registered with the
+            # event loop only if the command is still running 2 ms later.
+            watcher = self._loop.call_later(0.002, self._watch, streams)
+        else:
+            self._watch(streams)
         where = (argv[0], cwd or self.config.workdir)
         if not _wait_started:
             # exec(): the exit (or failure) report is all it needs; skipping the
             # separate wake-up for the start report saves a loop iteration.
             started.cancel()
             proc = Process(self, eid, 0, streams, stdin_w if stdin == "pipe" else None, exit_fut,
-                           timeout, where)
+                           timeout, where, watcher)
         else:
             reply = await started
             if reply.op == P.R_FAILED:
                 self._running.pop(eid, None)
+                if watcher is not None:
+                    watcher.cancel()
                 for s in streams:
                     self._close_stream(s)
                 if stdin_w is not None:
                     os.close(stdin_w)
                 return _FailedProcess(self, eid, _failure_result(self, where, reply))
             proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
-                           exit_fut, timeout, where)
+                           exit_fut, timeout, where, watcher)
         if isinstance(stdin, bytes):
             asyncio.ensure_future(_feed(proc, stdin_w, stdin))
         return proc
@@ -312,6 +321,12 @@ class Sandbox:
         """Run a command to completion; see `start` for the arguments."""
         proc = await self.start(cmd, _wait_started=False, **kwargs)
         return await proc.wait()
+
+    def _watch(self, streams: list[_Stream]) -> None:
+        for s in streams:
+            if s.fd >= 0 and not s.watched:
+                s.watched = True
+                self._loop.add_reader(s.fd, self._on_output, s)
 
     def _on_output(self, s: _Stream) -> None:
         while True:
@@ -336,7 +351,8 @@ class Sandbox:
 
     def _close_stream(self, s: _Stream) -> None:
         if s.fd >= 0:
-            self._loop.remove_reader(s.fd)
+            if s.watched:
+                self._loop.remove_reader(s.fd)
             os.close(s.fd)
             s.fd = -1
             if s.queue is not None:

@@ -346,6 +346,7 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
         int src = target[i] == -2 ? target[1] : target[i];
         if (dup2(src, i) < 0) child_fail(errpipe, S_FDS);
     }
+    if (isatty(0)) ioctl(0, TIOCSCTTY, 0); /* interactive shells get job control */
     /* close_range keeps 0-2 and the error pipe (CLOEXEC closes it at exec). */
     if (syscall(SYS_close_range, 3, errpipe - 1, 0) < 0 ||
         syscall(SYS_close_range, errpipe + 1, ~0U, 0) < 0)
@@ -465,6 +466,18 @@ static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds) 
     return (int)len;
 }
 
+struct child_args {
+    struct execreq *x;
+    int rd, wr;
+};
+static char child_stack[256 * 1024] __attribute__((aligned(16)));
+
+static int child_entry(void *arg) {
+    struct child_args *a = arg;
+    close(a->rd);
+    run_child(a->x, a->wr);
+}
+
 static _Noreturn void zygote_main(int s) {
     static char buf[MSGMAX];
     if (s != 3) {
@@ -504,11 +517,11 @@ static _Noreturn void zygote_main(int s) {
             z.stage = S_FORK;
         } else {
             z.t0 = now_ns();
-            pid_t pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
-            if (pid == 0) {
-                close(ep[0]);
-                run_child(&x, ep[1]);
-            }
+            /* vfork-style: no page-table copy; the zygote waits until the
+             * child has exec'd (or failed), then reads the error pipe. */
+            struct child_args ca = {&x, ep[0], ep[1]};
+            pid_t pid = clone(child_entry, child_stack + sizeof child_stack,
+                              CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, &ca);
             int e = errno;
             close(ep[1]);
             if (pid < 0) {
