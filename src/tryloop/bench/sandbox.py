@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +57,6 @@ WS_BYTES = 50 << 20
 WS_DIRS = 40
 POOL_SIZE = 8
 DENSITY_CONCURRENCY = 8
-_MIB = 1 << 20
 
 
 class BenchError(TryloopError):
@@ -66,7 +65,7 @@ class BenchError(TryloopError):
 
 @dataclass(frozen=True)
 class Sizes:
-    """Samples per row (ours; copy baselines take `copies` samples: each is ~0.2 s)."""
+    """Samples per row. The copy baselines (0.1–1 s each) take `copies` samples, spread over the row."""
 
     cold: int
     warm: int
@@ -79,7 +78,7 @@ class Sizes:
     cycles: int
 
 
-FULL = Sizes(cold=300, warm=300, exec_true=1000, exec_python=60, reset=300, fork=60, copies=15,
+FULL = Sizes(cold=500, warm=500, exec_true=1500, exec_python=100, reset=500, fork=100, copies=20,
              density=1000, cycles=10_000)
 QUICK = Sizes(cold=40, warm=40, exec_true=200, exec_python=8, reset=40, fork=8, copies=3,
               density=100, cycles=500)
@@ -110,7 +109,8 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
 
 @dataclass
 class Series:
-    label: str
+    label: str  # short, for the table
+    desc: str = ""  # what exactly is timed, for the JSON
     samples: list[float] = field(default_factory=list)
     unavailable: str = ""  # why there are no samples (e.g. bwrap not installed)
 
@@ -148,7 +148,7 @@ class Row:
     def to_json(self) -> dict[str, Any]:
         base = []
         for b in self.baselines:
-            d: dict[str, Any] = {"label": b.label, **summarize(b.samples)}
+            d: dict[str, Any] = {"label": b.label, "desc": b.desc, **summarize(b.samples)}
             if b.unavailable:
                 d["unavailable"] = b.unavailable
             if b.p50 and self.ours.p50 is not None:
@@ -156,7 +156,7 @@ class Row:
             base.append(d)
         return {
             "title": self.title,
-            "ours": {"label": self.ours.label, **summarize(self.ours.samples)},
+            "ours": {"label": self.ours.label, "desc": self.ours.desc, **summarize(self.ours.samples)},
             "baselines": base,
             "target": self.target.text if self.target else None,
             "verdict": self.target.verdict(self.ours, self.baselines) if self.target else None,
@@ -180,15 +180,67 @@ def meminfo() -> dict[str, int]:
     return out
 
 
-def vm_rss_kib(pid: int) -> int:
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, RssAnon) of a process in KiB; VmRSS counts shared file pages in every process."""
+    rss = anon = 0
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+                    rss = int(line.split()[1])
+                elif line.startswith("RssAnon:"):
+                    anon = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return rss, anon
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(total, idle + iowait) jiffies of all CPUs."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+
+
+async def settle(max_wait: float = 3.0, quiet: float = 0.25) -> float:
+    """Wait (at most `max_wait` s) for a 100 ms window in which the host's CPUs are at most
+    `quiet` busy, so a row does not start in the kernel cleanup of the last one; returns
+    the busy fraction of the last window (others' load shows up here too)."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        a = _cpu_times()
+        await asyncio.sleep(0.1)
+        b = _cpu_times()
+        busy = 1 - (b[1] - a[1]) / max(1, b[0] - a[0])
+        if busy <= quiet or time.monotonic() > deadline:
+            return busy
+
+
+def scratch_dir() -> Path:
+    """A temp dir on tmpfs when there is room (copies there are the fastest a copy-based
+    system could do, so the copy baselines are the toughest), else in the default temp dir."""
+    shm = Path("/dev/shm")
+    with contextlib.suppress(OSError):
+        st = os.statvfs(shm)
+        with open("/proc/self/mounts") as f:
+            on_tmpfs = any(line.split()[1] == str(shm) and line.split()[2] == "tmpfs" for line in f)
+        if on_tmpfs and st.f_bavail * st.f_frsize > 8 * WS_BYTES:
+            return Path(tempfile.mkdtemp(prefix="tryloop-bench-", dir=shm))
+    return Path(tempfile.mkdtemp(prefix="tryloop-bench-"))
+
+
+def slab_bytes() -> dict[str, int]:
+    """Bytes held by each slab cache (/proc/slabinfo, root only); {} when unreadable."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/slabinfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 3 and parts[1].isdigit():
+                    out[parts[0]] = int(parts[2]) * int(parts[3])  # num_objs * objsize
+    except OSError:
+        pass
+    return out
 
 
 def fd_count() -> int:
@@ -326,6 +378,7 @@ class Mutation:
 # --------------------------------------------------------------------------- the benchmark
 
 
+
 class _Bench:
     def __init__(self, cfg: TryloopConfig, sizes: Sizes, console: Console):
         self.cfg = cfg
@@ -339,7 +392,7 @@ class _Bench:
         self._last_refresh = 0.0
         self.tmp: Path | None = None
 
-    # ---- progress (refreshed between samples, never inside a timed region)
+    # ---- progress (redrawn between samples, never inside a timed region)
 
     def _task(self, title: str, total: int) -> Iterator[int]:
         assert self.progress is not None
@@ -354,7 +407,7 @@ class _Bench:
                 self.progress.refresh()
         self.progress.refresh()
 
-    def _note(self, title: str) -> int:
+    def _step(self, title: str) -> int:
         assert self.progress is not None
         task = self.progress.add_task(title, total=None)
         self.progress.refresh()
@@ -364,6 +417,11 @@ class _Bench:
         assert self.progress is not None
         self.progress.update(task, total=1, completed=1)
         self.progress.refresh()
+
+    async def _begin(self) -> dict[str, Any]:
+        """Let the host calm down before a row; what it was like goes into the row's JSON."""
+        busy = await settle()
+        return {"host_cpu_busy_at_start": round(busy, 3), "loadavg": os.getloadavg()[0]}
 
     # ---- main
 
@@ -377,20 +435,19 @@ class _Bench:
         self.sbcfg = self.cfg.sandbox
         self.base = rt.base_snapshot(self.sbcfg)
         self.env = dict(rt.image(self.base.image).env)
-        self.bwrap, bwrap_info = bwrap_check()
-        self.bwrap_info = bwrap_info
-        self.host = {
-            "kernel": platform.release(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "python_executable": sys.executable, "bwrap": bwrap_info, "cgroups": rt.cgroups.version,
-            "mem_total_mib": meminfo()["MemTotal"] // 1024, "init": str(rt.init_path),
-            "store_dir": str(rt.config.store_dir),
-        }
+        self.bwrap, self.bwrap_info = bwrap_check()
         # Leak baselines before anything of ours exists.
         self._leak_base = {
             "cgroups": set(rt.cgroups.list_groups()), "init_processes": processes_running(rt.init_path),
             "fds": fd_count(), "mounts": mount_count(),
         }
-        self.tmp = Path(tempfile.mkdtemp(prefix="tryloop-bench-"))
+        self.tmp = scratch_dir()
+        self.host = {
+            "kernel": platform.release(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "python_executable": sys.executable, "bwrap": self.bwrap_info, "cgroups": rt.cgroups.version,
+            "mem_total_mib": meminfo()["MemTotal"] // 1024, "init": str(rt.init_path),
+            "store_dir": str(rt.config.store_dir), "scratch_dir": str(self.tmp),
+        }
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=self.console, auto_refresh=False) as self.progress:
@@ -407,10 +464,10 @@ class _Bench:
             await rt.close_all()
             shutil.rmtree(self.tmp, ignore_errors=True)
 
-    async def _create(self, snap=None, cfg: SandboxConfig | None = None):
+    async def _create(self, snap: Any = None, cfg: SandboxConfig | None = None) -> Any:
         return await self.rt.create(snap or self.base, cfg or self.sbcfg)
 
-    async def _exec_ok(self, sb, cmd) -> Any:
+    async def _exec_ok(self, sb: Any, cmd: list[str]) -> Any:
         res = await sb.exec(cmd)
         if not res.ok:
             raise BenchError(f"sandbox {sb.id}: {cmd!r} failed: {res!r} {res.text('stderr')[-300:]}")
@@ -419,11 +476,12 @@ class _Bench:
     # ---- rows
 
     async def cold_create(self) -> None:
-        ours = Series("rt.create (namespaces, overlay, cgroup, init ready)")
-        teardown = Series("sb.close()")
-        bwrap = Series("bwrap --unshare-all /bin/true (create+exec+teardown)", unavailable=""
-                       if self.bwrap else self.bwrap_info)
-        for i in self._task("cold create  vs bwrap", self.sizes.cold):
+        host = await self._begin()
+        ours = Series("rt.create", "await rt.create(base snapshot, config) until the init reports ready")
+        teardown = Series("sb.close()", "await sb.close() of an idle sandbox")
+        bwrap = Series("bwrap --unshare-all", "posix_spawn(bwrap " + " ".join(BWRAP_ARGS) + ") + waitpid",
+                       unavailable="" if self.bwrap else self.bwrap_info)
+        for i in self._task("cold create   vs bwrap", self.sizes.cold):
             for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                 if side == 0:
                     t0 = time.perf_counter()
@@ -436,31 +494,35 @@ class _Bench:
                     bwrap.samples.append(spawn_wait(self.bwrap, [self.bwrap, *BWRAP_ARGS], self.env))
         self.rows["cold_create"] = Row(
             "cold_create", "cold create", ours, [bwrap], Target("p50 ≤ 10 ms", p50_max_s=0.010),
-            notes=["bwrap's time is its whole run: namespaces + mounts + exec of /bin/true + teardown; "
-                   "ours is create only (teardown is its own row). Both make a new netns."])
+            notes=["bwrap's time is its whole run (namespaces, mounts, exec of /bin/true, teardown); ours "
+                   "is create only, teardown is its own row. Both make a new network namespace."],
+            extra=host)
         self.rows["teardown"] = Row(
-            "teardown", "teardown", teardown, [Series("bwrap", unavailable="n/a: inside bwrap's create row")],
-            notes=["close = socket closed, init kills everything and exits (waited on its pidfd), "
-                   "cgroup removed, record deleted."])
+            "teardown", "teardown", teardown,
+            [Series("n/a", "bubblewrap's teardown is inside its cold-create time",
+                    unavailable="inside bwrap's create")],
+            notes=["close: control socket closed, the init kills everything and exits (awaited on its "
+                   "pidfd), cgroups removed, crash record deleted."], extra=host)
 
     async def warm_acquire(self) -> None:
         from tryloop.sandbox import WarmPool
 
-        ours = Series(f"pool.acquire() hit (pool of {POOL_SIZE})")
-        cold = Series("rt.create (cold)")
+        host = await self._begin()
+        ours = Series("pool.acquire() hit", f"await pool.acquire() from a WarmPool of {POOL_SIZE} idle sandboxes")
+        cold = Series("cold create", "await rt.create(...) (its close is not timed)")
         pool = WarmPool(self.rt, self.base, self.sbcfg, PoolConfig(size=POOL_SIZE, max_live=4 * POOL_SIZE),
                         name="bench-warm", registry=self.registry)
         await pool.start()
-        refill_waits = []
+        back_to_idle: list[float] = []
         try:
-            for i in self._task("warm acquire vs cold create", self.sizes.warm):
+            for i in self._task("warm acquire  vs cold create", self.sizes.warm):
                 for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                     if side == 0:
                         t0 = time.perf_counter()
                         sb = await pool.acquire()
                         ours.samples.append(time.perf_counter() - t0)
                         pool.release(sb)
-                        refill_waits.append(await _wait_idle(pool, POOL_SIZE))
+                        back_to_idle.append(await _wait_idle(pool, POOL_SIZE))
                     else:
                         t0 = time.perf_counter()
                         sb = await self._create()
@@ -471,26 +533,26 @@ class _Bench:
             await pool.close()
         self.rows["warm_acquire"] = Row(
             "warm_acquire", "warm acquire", ours, [cold], Target("p50 ≤ 1 ms", p50_max_s=0.001),
-            notes=[f"pool hits {hits}, misses {misses}; after each release the pool resets the sandbox "
-                   "in the background and the loop waits until it is idle again (not timed)."],
-            extra={"hits": hits, "misses": misses, "release_to_idle": summarize(refill_waits)})
+            notes=[f"{hits} hits, {misses} misses. After each release the pool resets the sandbox in the "
+                   "background; the loop waits (not timed) until the pool is full again."],
+            extra={**host, "hits": hits, "misses": misses, "release_to_idle": summarize(back_to_idle)})
 
     async def exec_true(self) -> None:
-        ours = Series("sb.exec(['/bin/true'])")
-        spawn = Series("os.posix_spawn + waitpid")
-        subp = Series("subprocess.run(['/bin/true'])")
+        host = await self._begin()
+        ours = Series("sb.exec(/bin/true)", "await sb.exec(['/bin/true']) in a live sandbox, output collected")
+        spawn = Series("posix_spawn + wait", "os.posix_spawn('/bin/true') + os.waitpid on the host")
+        subp = Series("subprocess.run", "subprocess.run(['/bin/true']) on the host")
         init_wall: list[float] = []
         sb = await self._create()
         try:
-            await self._exec_ok(sb, ["/bin/true"])  # warm the page cache and the overlay's dentries
-            series = (ours, spawn, subp)
+            await self._exec_ok(sb, ["/bin/true"])  # page cache and the overlay's dentries warm
             for i in self._task("exec /bin/true vs posix_spawn, subprocess", self.sizes.exec_true):
                 for k in range(3):
                     which = (i + k) % 3
                     if which == 0:
                         t0 = time.perf_counter()
                         res = await sb.exec(["/bin/true"])
-                        series[0].samples.append(time.perf_counter() - t0)
+                        ours.samples.append(time.perf_counter() - t0)
                         if not res.ok:
                             raise BenchError(f"/bin/true in sandbox: {res!r}")
                         init_wall.append(res.wall_s)
@@ -501,18 +563,18 @@ class _Bench:
         finally:
             await sb.close()
         self.rows["exec_true"] = Row(
-            "exec_true", "exec /bin/true", ours, [spawn, subp],
-            Target("p50 ≤ 1.3× posix_spawn", ratio_max=1.3),
-            notes=["round trip: request over the control socket, init forks, child drops privileges "
-                   "(chroot, rlimits, caps, setuid, seccomp) and execs, exit reported back, "
-                   "stdout/stderr pipes drained."],
-            extra={"init_side": summarize(init_wall)})
+            "exec_true", "exec /bin/true", ours, [spawn, subp], Target("p50 ≤ 1.3× posix_spawn", ratio_max=1.3),
+            notes=["ours is the round trip: request on the control socket, the init forks, the child drops "
+                   "privileges (chroot, rlimits, capabilities, setuid, seccomp) and execs, the exit comes "
+                   "back, stdout and stderr pipes are drained. 'init side' is fork-to-exit in the init."],
+            extra={**host, "init_side": summarize(init_wall)})
 
     async def exec_python(self) -> None:
+        host = await self._begin()
         py = sys.executable
         argv = [py, "-c", "pass"]
-        ours = Series(f"sb.exec([{Path(py).name}, '-c', 'pass'])")
-        host = Series("posix_spawn on the host (same python, same env)")
+        ours = Series("sb.exec(python -c pass)", f"await sb.exec([{py!r}, '-c', 'pass'])")
+        on_host = Series("same, on the host", f"os.posix_spawn({py!r}, ['-c', 'pass']) + waitpid, same env")
         init_wall: list[float] = []
         sb = await self._create()
         try:
@@ -527,17 +589,17 @@ class _Bench:
                             raise BenchError(f"python in sandbox: {res!r} {res.text('stderr')[-300:]}")
                         init_wall.append(res.wall_s)
                     else:
-                        host.samples.append(spawn_wait(py, argv, self.env))
+                        on_host.samples.append(spawn_wait(py, argv, self.env))
         finally:
             await sb.close()
         self.rows["exec_python"] = Row(
-            "exec_python", "exec python -c pass", ours, [host],
-            notes=[f"{py} on both sides (the sandbox binds the same installation read-only)."],
-            extra={"init_side": summarize(init_wall), "python": py})
+            "exec_python", "exec python -c pass", ours, [on_host],
+            notes=[f"{py} on both sides (the sandbox binds the same installation read-only), same environment."],
+            extra={**host, "init_side": summarize(init_wall), "python": py})
 
-    def workspace(self):
+    def workspace(self) -> tuple[Any, list[str]]:
         assert self.tmp is not None
-        task = self._note(f"building the workspace: {WS_FILES} files, {WS_BYTES >> 20} MiB")
+        task = self._step(f"workspace: {WS_FILES} files, {WS_BYTES >> 20} MiB → snapshot")
         src = self.tmp / "workspace"
         paths = build_workspace(src)
         snap = self.rt.workspace_snapshot(src, config=self.sbcfg)
@@ -546,7 +608,7 @@ class _Bench:
         return snap, paths
 
     def _copy_baselines(self, cp: Series, rmcp: Series | None, paths: list[str], seed: int) -> None:
-        """One `cp -a` of the workspace; then, dirtied like the sandbox, `rm -rf` + `cp -a`."""
+        """One `cp -a` of the workspace; then, dirtied like the sandbox was, `rm -rf` + `cp -a`."""
         assert self.tmp is not None
         dst = self.tmp / "copy"
         cp.samples.append(timed_run(["cp", "-a", str(self.ws_src), str(dst)]))
@@ -558,17 +620,18 @@ class _Bench:
             rmcp.samples.append(time.perf_counter() - t0)
         subprocess.run(["rm", "-rf", str(dst)], check=True)
 
-    async def reset(self, snap, paths: list[str]) -> None:
-        ours = Series("sb.reset() after 20 modified, 10 created, 5 deleted")
-        cp = Series("cp -a of the workspace")
-        rmcp = Series("rm -rf + cp -a (bwrap-style: rebuild the dir)")
+    async def reset(self, snap: Any, paths: list[str]) -> None:
+        host = await self._begin()
+        ours = Series("sb.reset()", "await sb.reset() after the agent modified 20 files, created 10, deleted 5")
+        cp = Series("cp -a", "cp -a of the 2000-file / 50 MiB workspace (a copy-based reset)")
+        rmcp = Series("rm -rf + cp -a", "rm -rf of the dirtied copy, then cp -a (bwrap-style: rebuild the dir)")
         init_side: list[float] = []
         n, copies = self.sizes.reset, self.sizes.copies
         every = max(1, n // copies)
         sb = await self._create(snap)
         workdir = self.sbcfg.workdir
         try:
-            for i in self._task("reset (50 MiB, 2000 files) vs cp -a", n):
+            for i in self._task("reset 50 MiB  vs cp -a, rm -rf + cp -a", n):
                 m = Mutation.pick(paths, i)
                 await self._exec_ok(sb, ["/bin/sh", "-c", m.shell(workdir)])
                 t0 = time.perf_counter()
@@ -576,24 +639,25 @@ class _Bench:
                 ours.samples.append(time.perf_counter() - t0)
                 if i % every == every // 2 and len(cp.samples) < copies:
                     self._copy_baselines(cp, rmcp, paths, i)
-            # The last reset restored the snapshot exactly (spot check of what the last mutation did).
+            # The last reset restored the snapshot (spot check of what the last mutation did).
             for rel in m.delete + m.modify[:3]:
-                info = sb.stat(f"{workdir}/{rel}")
-                if info.size != (self.ws_src / rel).stat().st_size:
-                    raise BenchError(f"after reset {rel} is {info.size} bytes, not as in the snapshot")
+                size = sb.stat(f"{workdir}/{rel}").size
+                if size != (self.ws_src / rel).stat().st_size:
+                    raise BenchError(f"after reset {rel} is {size} bytes, not as in the snapshot")
             if any(sb.files.exists(f"{workdir}/{rel}") for rel in m.create):
                 raise BenchError("after reset a file created before it still exists")
         finally:
             await sb.close()
         self.rows["reset"] = Row(
-            "reset", "reset (50 MiB / 2000 files)", ours, [cp, rmcp], Target("p50 ≤ 2 ms", p50_max_s=0.002),
-            notes=["only the reset is timed; before each one the sandbox's shell changes the files "
-                   "(not timed). The copy baselines copy the same tree on the host's disk (page cache warm)."],
-            extra={"init_side": summarize(init_side)})
+            "reset", "reset 50 MiB / 2000 files", ours, [cp, rmcp], Target("p50 ≤ 2 ms", p50_max_s=0.002),
+            notes=["only the reset is timed; before each one a shell in the sandbox changes the files (not "
+                   f"timed). The copies run on the host in {self.tmp} (page cache warm)."],
+            extra={**host, "init_side": summarize(init_side)})
 
-    async def fork(self, snap, paths: list[str]) -> None:
-        ours = Series("sb.fork(1) until the child is ready")
-        cp = Series("cp -a of the workspace")
+    async def fork(self, snap: Any, paths: list[str]) -> None:
+        host = await self._begin()
+        ours = Series("sb.fork(1)", "await sb.fork(1) of a sandbox with 100 changed files, until the child is ready")
+        cp = Series("cp -a", "cp -a of the 2000-file / 50 MiB workspace")
         snap_only: list[float] = []
         n, copies = self.sizes.fork, self.sizes.copies
         every = max(1, n // copies)
@@ -602,7 +666,7 @@ class _Bench:
         changed = random.Random(7).sample(paths, 100)
         try:
             await self._exec_ok(sb, ["/bin/sh", "-c", Mutation(tuple(changed), (), ()).shell(workdir)])
-            for i in self._task("snapshot + fork (100 changed files) vs cp -a", n):
+            for i in self._task("snapshot + fork (100 changed) vs cp -a", n):
                 if i % 2:
                     t0 = time.perf_counter()
                     await sb.snapshot_state()
@@ -622,12 +686,14 @@ class _Bench:
         finally:
             await sb.close()
         self.rows["fork"] = Row(
-            "fork", "snapshot + fork (100 changed)", ours, [cp], Target("p50 ≤ 10 ms", p50_max_s=0.010),
+            "fork", "snapshot + fork", ours, [cp], Target("p50 ≤ 10 ms", p50_max_s=0.010),
             notes=["fork = freeze the parent, copy its writable layer into a new content-addressed layer, "
-                   "thaw, then a cold create on the new snapshot."],
-            extra={"snapshot_state_only": summarize(snap_only)})
+                   "thaw, then a cold create on the new snapshot. snapshot_state() alone is measured on "
+                   "every other iteration."],
+            extra={**host, "snapshot_state_only": summarize(snap_only)})
 
     async def density_row(self) -> None:
+        host = await self._begin()
         n = self.sizes.density
         notes = ensure_headroom(n)
         lim = self.sbcfg.limits.model_copy(update={"memory_mb": 64, "disk_mb": 16})
@@ -635,8 +701,9 @@ class _Bench:
         sandboxes: list[Any] = []
         errors: list[str] = []
         sem = asyncio.Semaphore(DENSITY_CONCURRENCY)
-        assert self.progress is not None
-        task = self.progress.add_task(f"density: {n} idle sandboxes", total=n)
+        progress = self.progress
+        assert progress is not None
+        task = progress.add_task(f"density: {n} idle sandboxes", total=n)
 
         async def one() -> None:
             async with sem:
@@ -644,54 +711,57 @@ class _Bench:
                     sandboxes.append(await self._create(cfg=cfg))
                 except TryloopError as e:
                     errors.append(str(e))
-                self.progress.advance(task)  # type: ignore[union-attr]
+                progress.advance(task)
                 if len(sandboxes) % 50 == 0:
-                    self.progress.refresh()  # type: ignore[union-attr]
+                    progress.refresh()
 
         gc.collect()
-        await asyncio.sleep(0.5)
-        before = meminfo()
+        before, slabs_before = meminfo(), slab_bytes()
         t0 = time.perf_counter()
         try:
             await asyncio.gather(*(one() for _ in range(n)))
             create_s = time.perf_counter() - t0
-            self.progress.refresh()
-            await asyncio.sleep(1.0)  # let the kernel finish freeing what the launchers used
-            after = meminfo()
+            progress.refresh()
+            await asyncio.sleep(1.0)  # the kernel frees what the launchers used asynchronously
+            after, slabs_after = meminfo(), slab_bytes()
             pongs = await asyncio.gather(*(sb.ping() for sb in sandboxes))
-            rss = sum(vm_rss_kib(sb.init_pid) for sb in sandboxes)
+            rss = [rss_kib(sb.init_pid) for sb in sandboxes]
         finally:
+            task2 = self._step(f"density: closing {len(sandboxes)}")
             t0 = time.perf_counter()
             await asyncio.gather(*(sb.close() for sb in sandboxes), return_exceptions=True)
             teardown_s = time.perf_counter() - t0
+            self._done(task2)
         held = len(sandboxes)
         per = held or 1
         kernel_keys = ("Slab", "KernelStack", "PageTables", "Percpu")
-        kernel_delta = sum(after.get(k, 0) - before.get(k, 0) for k in kernel_keys)
         mem_per_kib = (before["MemAvailable"] - after["MemAvailable"]) / per
+        slab_growth = sorted(((slabs_after.get(k, 0) - v) / per / 1024, k) for k, v in slabs_before.items())
+        top_slabs = {k: round(v, 1) for v, k in reversed(slab_growth[-8:]) if v > 0}
         ok = not errors and sum(pongs) == n
         verdict = ("misses" if not ok or mem_per_kib > 1024 else "meets" if held >= 1000
                    else f"meets at N={held} (target needs N ≥ 1000)")
         self.density = {
-            "n": n, "held": held, "responsive": sum(pongs), "errors": errors[:5], "n_errors": len(errors),
+            "n": n, "held": held, "responsive": sum(pongs), "n_errors": len(errors), "errors": errors[:5],
             "mem_available_per_sandbox_kib": mem_per_kib,
-            "kernel_per_sandbox_kib": kernel_delta / per,
+            "kernel_per_sandbox_kib": sum(after.get(k, 0) - before.get(k, 0) for k in kernel_keys) / per,
             "kernel_breakdown_per_sandbox_kib": {k: (after.get(k, 0) - before.get(k, 0)) / per
                                                   for k in kernel_keys},
-            "init_rss_sum_mib": rss / 1024, "init_rss_per_sandbox_kib": rss / per,
+            "top_slab_caches_per_sandbox_kib": top_slabs,
+            "init_rss_sum_mib": sum(r for r, _ in rss) / 1024, "init_rss_per_sandbox_kib": sum(r for r, _ in rss) / per,
+            "init_rss_anon_per_sandbox_kib": sum(a for _, a in rss) / per,
             "create_s": create_s, "create_per_s": held / create_s if create_s else None,
-            "create_concurrency": DENSITY_CONCURRENCY,
-            "teardown_all_s": teardown_s,
+            "create_concurrency": DENSITY_CONCURRENCY, "teardown_all_s": teardown_s,
             "config": {"memory_mb": 64, "disk_mb": 16},
-            "target": "≥ 1000 idle sandboxes at ≤ 1 MiB each", "verdict": verdict, "notes": notes,
+            "target": "≥ 1000 idle sandboxes at ≤ 1 MiB each", "verdict": verdict, "notes": notes, **host,
         }
 
     async def leak_row(self) -> None:
         from tryloop.sandbox import WarmPool
 
-        rt = self.rt
+        host = await self._begin()
         cycles = self.sizes.cycles
-        pool = WarmPool(rt, self.base, self.sbcfg, PoolConfig(size=POOL_SIZE), name="bench-leaks",
+        pool = WarmPool(self.rt, self.base, self.sbcfg, PoolConfig(size=POOL_SIZE), name="bench-leaks",
                         registry=self.registry)
         await pool.start()
         acquire: list[float] = []
@@ -713,18 +783,18 @@ class _Bench:
             wall = time.perf_counter() - t_start
             hits, misses = pool.hits, pool.misses
             await pool.close()
-        task = self._note("leaks: checking")
+        task = self._step("leaks: counting what is left")
         counts = await self._leak_counts()
         self._done(task)
         self.leaks = {
             "cycles": cycles, "execs": execs, "hits": hits, "misses": misses, "wall_s": wall,
             "acquire_under_churn": summarize(acquire), "counts": counts,
             "verdict": "meets" if not any(counts.values()) else "misses",
-            "target": "every count 0 after the pool is closed",
+            "target": "every count 0 once the pool is closed", **host,
         }
 
     async def _leak_counts(self, settle_s: float = 3.0) -> dict[str, int]:
-        """What is left of ours; retried for a while, since the kernel frees some things async."""
+        """What is left of ours. Retried for a while: the kernel frees some of it asynchronously."""
         rt, base = self.rt, self._leak_base
         me = os.getpid()
         deadline = time.monotonic() + settle_s
@@ -758,14 +828,20 @@ async def _wait_idle(pool: Any, size: int, timeout: float = 5.0) -> float:
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(seconds_ms: float | None) -> str:
-    if seconds_ms is None:
+def _fmt(ms: float | None) -> str:
+    if ms is None:
         return "—"
-    if seconds_ms < 1:
-        return f"{seconds_ms * 1000:.0f} µs"
-    if seconds_ms < 100:
-        return f"{seconds_ms:.2f} ms"
-    return f"{seconds_ms:.0f} ms"
+    if ms < 1:
+        return f"{ms * 1000:.0f} µs"
+    if ms < 100:
+        return f"{ms:.2f} ms"
+    return f"{ms:.0f} ms"
+
+
+def _ratio(r: float | None) -> str:
+    if r is None:
+        return "—"
+    return f"{r:.3f}×" if r < 0.1 else f"{r:.2f}×"
 
 
 def _verdict_cell(v: str | None) -> str:
@@ -775,62 +851,71 @@ def _verdict_cell(v: str | None) -> str:
 
 
 def render(results: dict[str, Any], console: Console) -> None:
-    t = Table(title=f"tryloop bench sandbox{' --quick' if results['quick'] else ''}  "
-                    f"({results['host']['kernel']}, {results['host']['cpus']} CPUs)", show_lines=True)
-    for col, just in (("operation", "left"), ("ours p50", "right"), ("p99", "right"), ("n", "right"),
-                      ("baseline", "left"), ("p50", "right"), ("p99", "right"), ("n", "right"),
-                      ("ratio", "right"), ("target", "left"), ("verdict", "left")):
+    """The results table, the density and leak tables, then notes."""
+    if not console.is_terminal:  # a log or a pipe: 80 columns would squeeze the table unreadably
+        console = Console(file=console.file, width=max(console.width, 124), highlight=False)
+    h = results["host"]
+    t = Table(title=f"tryloop bench sandbox{' --quick' if results['quick'] else ''} — "
+                    f"Linux {h['kernel']}, {h['cpus']} CPUs, cgroups {h['cgroups']}")
+    for col, just in (("operation", "left"), ("p50", "right"), ("p99", "right"), ("baseline", "left"),
+                      ("p50", "right"), ("p99", "right"), ("ours ÷ base", "right"), ("target", "left"),
+                      ("verdict", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     notes: list[str] = []
     for key in LATENCY_ROWS:
         r = results["rows"][key]
         o = r["ours"]
-        base_cells: list[list[str]] = []
-        for b in r["baselines"]:
+        for j, b in enumerate(r["baselines"]):
+            first = j == 0
             if b.get("unavailable"):
-                base_cells.append([b["label"] + f" [dim]({b['unavailable']})[/]", "", "", "", "—"])
+                cells = [f"{b['label']} [dim]({b['unavailable']})[/]", "", "", "—"]
             else:
-                ratio = b.get("ratio")
-                base_cells.append([b["label"], _fmt(b.get("p50_ms")), _fmt(b.get("p99_ms")), str(b["n"]),
-                                   f"{ratio:.2f}×" if ratio is not None else "—"])
-        t.add_row(f"[bold]{r['title']}[/]\n[dim]{o['label']}[/]", _fmt(o.get("p50_ms")), _fmt(o.get("p99_ms")),
-                  str(o["n"]), "\n".join(c[0] for c in base_cells), "\n".join(c[1] for c in base_cells),
-                  "\n".join(c[2] for c in base_cells), "\n".join(c[3] for c in base_cells),
-                  "\n".join(c[4] for c in base_cells), r["target"] or "", _verdict_cell(r["verdict"]))
+                cells = [b["label"], _fmt(b.get("p50_ms")), _fmt(b.get("p99_ms")), _ratio(b.get("ratio"))]
+            t.add_row(r["title"] if first else "", _fmt(o.get("p50_ms")) if first else "",
+                      _fmt(o.get("p99_ms")) if first else "", *cells,
+                      (r["target"] or "") if first else "", _verdict_cell(r["verdict"]) if first else "",
+                      end_section=j == len(r["baselines"]) - 1)
+        counts = ", ".join([f"ours {o['n']}"] + [f"{b['label']} {b['n']}" for b in r["baselines"] if b["n"]])
+        notes.append(f"{r['title']}: samples {counts}.")
         extra = r.get("extra", {})
-        if "init_side" in extra and extra["init_side"].get("n"):
-            notes.append(f"{r['title']}: init-side p50 {_fmt(extra['init_side']['p50_ms'])}, "
-                         f"p99 {_fmt(extra['init_side']['p99_ms'])}")
-        if "snapshot_state_only" in extra and extra["snapshot_state_only"].get("n"):
-            s = extra["snapshot_state_only"]
-            notes.append(f"{r['title']}: snapshot_state() alone p50 {_fmt(s['p50_ms'])}, p99 {_fmt(s['p99_ms'])}")
+        for k, label in (("init_side", "init side"), ("snapshot_state_only", "snapshot_state() alone"),
+                         ("release_to_idle", "release → idle again")):
+            s = extra.get(k)
+            if s and s.get("n"):
+                notes.append(f"{r['title']}: {label} p50 {_fmt(s['p50_ms'])}, p99 {_fmt(s['p99_ms'])}.")
         notes += [f"{r['title']}: {n}" for n in r["notes"]]
     console.print(t)
 
     d = results["density"]
     if d:
-        dt = Table(title=f"density: {d['held']}/{d['n']} idle sandboxes held at once "
+        dt = Table(title=f"density: {d['held']}/{d['n']} idle sandboxes at once "
                          f"(memory {d['config']['memory_mb']} MiB, disk {d['config']['disk_mb']} MiB each)")
         dt.add_column("metric")
         dt.add_column("value", justify="right")
         kb = d["kernel_breakdown_per_sandbox_kib"]
         rate = d["create_per_s"]
         for name, value in (
-            ("host memory per sandbox (MemAvailable drop / N)", f"{d['mem_available_per_sandbox_kib']:.0f} KiB"),
-            ("kernel per sandbox (Slab+KernelStack+PageTables+Percpu)",
-             f"{d['kernel_per_sandbox_kib']:.0f} KiB  ("
-             + ", ".join(f"{k} {v:.0f}" for k, v in kb.items()) + ")"),
-            ("init RSS (sum, per sandbox)", f"{d['init_rss_sum_mib']:.1f} MiB, {d['init_rss_per_sandbox_kib']:.0f} KiB"),
+            ("host memory per sandbox (MemAvailable drop ÷ N)", f"{d['mem_available_per_sandbox_kib']:.0f} KiB"),
+            ("kernel memory growth per sandbox (Slab + KernelStack + PageTables + Percpu)",
+             f"{d['kernel_per_sandbox_kib']:.0f} KiB (" + ", ".join(f"{k} {v:.0f}" for k, v in kb.items()) + ")"),
+            ("init RSS: sum · per sandbox · private (RssAnon) per sandbox",
+             f"{d['init_rss_sum_mib']:.1f} MiB · {d['init_rss_per_sandbox_kib']:.0f} KiB · "
+             f"{d['init_rss_anon_per_sandbox_kib']:.0f} KiB"),
             (f"creation rate ({d['create_concurrency']} at a time)",
-             f"{rate:.0f} /s  ({d['create_s']:.2f} s)" if rate else "—"),
+             f"{rate:.0f} /s ({d['create_s']:.2f} s)" if rate else "—"),
             ("teardown of all", f"{d['teardown_all_s']:.2f} s"),
-            ("responsive (ping) / errors", f"{d['responsive']} / {d['n_errors']}"),
-            ("target: " + d["target"], _verdict_cell(d["verdict"])),
+            ("responsive (ping) · errors", f"{d['responsive']} · {d['n_errors']}"),
+            (f"target: {d['target']}", _verdict_cell(d["verdict"])),
         ):
             dt.add_row(name, value)
         console.print(dt)
+        if d.get("top_slab_caches_per_sandbox_kib"):
+            notes.append("density: largest slab caches per sandbox (KiB): " + ", ".join(
+                f"{k} {v:.0f}" for k, v in d["top_slab_caches_per_sandbox_kib"].items()) + ".")
+        notes.append("density: MemAvailable counts reclaimable slab as available, so it can fall by less "
+                     "than the kernel's growth; init RSS counts the shared static binary in every sandbox.")
         notes += [f"density: {n}" for n in d["notes"]]
-        notes += [f"density error: {e}" for e in d["errors"]]
+        notes += [f"density: error: {e}" for e in d["errors"]]
 
     lk = results["leaks"]
     if lk:
@@ -841,8 +926,8 @@ def render(results: dict[str, Any], console: Console) -> None:
         for k, v in lk["counts"].items():
             lt.add_row(k.replace("_", " "), f"[green]{v}[/]" if v == 0 else f"[bold red]{v}[/]")
         a = lk["acquire_under_churn"]
-        lt.add_row("acquire under churn p50 / p99", f"{_fmt(a['p50_ms'])} / {_fmt(a['p99_ms'])}")
-        lt.add_row("verdict", _verdict_cell(lk["verdict"]))
+        lt.add_row("acquire under churn: p50 · p99", f"{_fmt(a['p50_ms'])} · {_fmt(a['p99_ms'])}")
+        lt.add_row(f"target: {lk['target']}", _verdict_cell(lk["verdict"]))
         console.print(lt)
     for n in notes:
         console.print(f"[dim]· {n}[/]")
@@ -856,7 +941,7 @@ def run(cfg: TryloopConfig | None = None, *, quick: bool = False, density: int |
         console: Console | None = None) -> dict[str, Any]:
     """Run every row, print the tables, write JSON to `out` if given; returns the results.
 
-    `quick` uses fewer samples and caps `density` at 100 and `cycles` at 500.
+    `quick` takes fewer samples and caps `density` at 100 and `cycles` at 500.
     """
     cfg = cfg or TryloopConfig()
     console = console or Console(stderr=True)
@@ -872,12 +957,11 @@ def run(cfg: TryloopConfig | None = None, *, quick: bool = False, density: int |
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     asyncio.run(bench.main())
-    rows = bench.rows
     results: dict[str, Any] = {
         "benchmark": "sandbox", "format": 1, "quick": quick,
         "started": started.isoformat(timespec="seconds"), "duration_s": round(time.perf_counter() - t0, 1),
         "host": bench.host, "sizes": sizes.__dict__,
-        "rows": {k: rows[k].to_json() for k in LATENCY_ROWS},
+        "rows": {k: bench.rows[k].to_json() for k in LATENCY_ROWS},
         "density": bench.density, "leaks": bench.leaks,
     }
     render(results, console)

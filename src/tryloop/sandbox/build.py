@@ -9,9 +9,9 @@
 
 A step's cache key is the image it starts from plus the step itself, so
 editing one step rebuilds it and everything after it, and nothing before.
-`pip` and `run` steps execute in a sandbox of the image built so far (as uid 0
-without capabilities; `pip` with the host network) and their writable layer
-becomes the step's layer.
+`pip` and `run` steps execute in a sandbox of the image built so far (as the
+image's unprivileged uid, which owns /opt/tryloop; `pip` with the host network)
+and their writable layer becomes the step's layer.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
     cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
                         limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
     async with await runtime.create(Snapshot(img.id), cfg) as sb:
-        res = await sb.exec(cmd, user="root", cwd="/", env={"HOME": "/tmp"})
+        res = await sb.exec(cmd, cwd="/", env={"HOME": "/tmp"})
         if not res.ok:
             raise SandboxError(f"image step `{_describe(step)}` failed (exit {res.exit_code}):\n"
                                f"{res.text('stderr')[-2000:]}{res.text()[-1000:]}")

@@ -128,6 +128,7 @@ def _build_skeleton(root: Path, uid: int, gid: int, binds: list[tuple[str, str]]
     _mkdir(root, "root", 0o711)  # traversable to reach a Python under /root, not listable
     _mkdir(root, AGENT_HOME, 0o755, uid, gid)
     _mkdir(root, "workspace", 0o755, uid, gid)
+    _mkdir(root, "opt/tryloop", 0o755, uid, gid)  # image build steps install here
     for name in _TOP_LEVEL:
         host = Path("/") / name
         if host.is_symlink():

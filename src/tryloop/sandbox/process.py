@@ -74,7 +74,7 @@ class Process:
                  where: tuple[str, str], watcher: asyncio.TimerHandle | None = None):
         self._sandbox = sandbox
         self.id = exec_id
-        self.pid = pid  # host pid, for diagnostics only
+        self.pid = pid  # pid inside the sandbox's pid namespace (0 until known)
         self._streams = streams
         self._stdin_fd = stdin_fd
         self._exit = exit_future

@@ -287,12 +287,19 @@ class SandboxRuntime:
             report.records += 1
             report.details.append(f"reclaimed sandbox {sid} of dead owner pid {owner[0]}")
         for name in self.cgroups.list_groups():
-            if name not in recorded and name not in self._live:
-                # A group with no record: its record was removed but the rmdir failed.
-                with contextlib.suppress(Exception):
-                    self.cgroups.remove(name)
-                    report.cgroups += 1
-                    report.details.append(f"removed orphan cgroup {name}")
+            if name in recorded or name in self._live:
+                continue
+            # A group without a record here is either a leftover whose rmdir failed,
+            # or a live sandbox of another runtime sharing the cgroup parent with a
+            # different state_dir, or one being created right now. Only empty groups
+            # older than a minute are leftovers for sure.
+            with contextlib.suppress(Exception):
+                group = self.cgroups.group(name)
+                if group.pids() or time.time() - min(p.stat().st_mtime for p in group.paths.values()) < 60:
+                    continue
+                self.cgroups.remove(name)
+                report.cgroups += 1
+                report.details.append(f"removed empty orphan cgroup {name}")
         cutoff = time.time() - 3600
         for entry in self.store.tmp_dir.iterdir():
             with contextlib.suppress(OSError):

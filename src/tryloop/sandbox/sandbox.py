@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from tryloop.sandbox.runtime import SandboxRuntime
 
 Command = str | Sequence[str]
-User = Literal["agent", "root"]
 
 
 class Sandbox:
@@ -213,7 +212,7 @@ class Sandbox:
     async def start(
         self, cmd: Command, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
         stdin: bytes | Literal["pipe"] | None = None, timeout: float | None = None,
-        user: User = "agent", output_limit: int | None = None, merge_stderr: bool = False,
+        output_limit: int | None = None, merge_stderr: bool = False,
         on_output: OutputCallback | None = None, stream: bool = False,
         terminal_fd: int | None = None, _wait_started: bool = True,
     ) -> Process:
@@ -236,7 +235,9 @@ class Sandbox:
         full_env = dict(self._base_env)
         if env:
             full_env.update(env)
-        uid, gid = (self.config.uid, self.config.gid) if user == "agent" else (0, 0)
+        # Always the agent's uid: no command runs as root inside, not even image
+        # builds (uid 0 owns host-global files like /proc/sys without a user namespace).
+        uid, gid = self.config.uid, self.config.gid
         send_fds: list[int] = []
         close_after: list[int] = []
         flags = 0

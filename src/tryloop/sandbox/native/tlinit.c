@@ -109,6 +109,7 @@ static struct {
 static struct sock_fprog seccomp_prog;
 static int ctl = -1;
 static int cap_last = 63;
+static int zygote_null = -1; /* the zygote's /dev/null, opened before any command ran */
 
 struct run {
     uint32_t id;
@@ -215,6 +216,11 @@ static int mount_rootfs(void) {
             return -1;
     }
     if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
+    /* Many /proc/sys entries are host-global (no user namespace here): read-only. */
+    if (mount("/root/proc/sys", "/root/proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+        mount(NULL, "/root/proc/sys", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              NULL) < 0)
+        return -1;
     if (mount("tldev", "/root/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0) return -1;
     static const struct { const char *name; int maj, min; } devs[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
@@ -229,6 +235,9 @@ static int mount_rootfs(void) {
     symlink("/proc/self/fd/1", "/root/dev/stdout");
     symlink("/proc/self/fd/2", "/root/dev/stderr");
     mkdir("/root/dev/shm", 01777);
+    /* The device nodes are fixed: nobody inside may replace them. */
+    if (mount(NULL, "/root/dev", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0)
+        return -1;
     snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)cfg.shm);
     if (mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
     return 0;
@@ -325,14 +334,12 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
     signal(SIGPIPE, SIG_DFL); /* the only disposition the zygote changed */
     setsid();
     /* Move the received fds out of the way, then onto 0, 1, 2. */
-    int fd_null = -1;
     int target[3];
     for (int i = 0; i < 3; i++) {
         int f = x->fds[i];
         if (f < 0) {
             if (i == 2 && (x->h.flags & F_MERGE)) { target[i] = -2; continue; }
-            if (fd_null < 0) fd_null = open("/dev/null", O_RDWR | O_CLOEXEC);
-            f = fd_null;
+            f = zygote_null;
         }
         target[i] = fcntl(f, F_DUPFD_CLOEXEC, 10);
         if (target[i] < 0) child_fail(errpipe, S_FDS);
@@ -490,6 +497,7 @@ static _Noreturn void zygote_main(int s) {
     sigprocmask(SIG_SETMASK, &none, NULL);
     uint32_t stage = 0;
     if (chroot("/root") < 0 || chdir("/") < 0) stage = S_CHROOT;
+    if (!stage && (zygote_null = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) stage = S_FDS;
     for (int c = 0; !stage && c <= cap_last; c++)
         if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) stage = S_CAPS;
     if (!stage && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) stage = S_CAPS;

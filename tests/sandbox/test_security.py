@@ -1,0 +1,925 @@
+"""Escape attempts against a real sandbox: every attack runs for real and must fail.
+
+Nothing here is mocked. Each test mounts one kind of attack from inside a live
+sandbox (or through the host-side file API with paths an agent planted), asserts
+that it failed, and then checks from the host that the host was not affected.
+Network traffic only ever goes to 127.0.0.1 (and to abstract/filesystem unix
+sockets the test itself creates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tryloop.config import RuntimeConfig, SandboxConfig
+from tryloop.errors import PathOutsideSandbox
+from tryloop.sandbox.layers import tree_digest
+from tryloop.sandbox.process import ExecResult
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel sandbox needs root")
+
+AGENT_UID = 1000
+# What the init puts in /dev: nothing else may be there.
+SAFE_DEV = {"null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr", "shm"}
+# File-API refusals: the kernel's answer for a path that is not there, or tryloop's own.
+REFUSED = (FileNotFoundError, NotADirectoryError, PermissionError, PathOutsideSandbox, OSError)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _remove_parent_cgroups(rt) -> None:
+    for root in set(rt.cgroups.controllers.values()):
+        with contextlib.suppress(OSError):
+            os.rmdir(root / rt.config.cgroup_name)
+
+
+@pytest.fixture(scope="module")
+def runtime(runtime_config, tmp_path_factory):
+    """This module's own runtime: same layer store as the session's, but a cgroup parent
+    of its own. A runtime's start-up gc removes every group under its parent that its
+    state dir has no record of (see test_second_runtime_leaves_live_sandboxes_alone),
+    so sharing `tryloop-test` with concurrently running sessions would let them kill
+    these sandboxes mid-attack."""
+    from tryloop.sandbox import SandboxRuntime
+
+    cfg = RuntimeConfig(store_dir=runtime_config.store_dir, state_dir=tmp_path_factory.mktemp("sec-state"),
+                        cgroup_name=f"tryloop-sec-{os.getpid()}")
+    rt = SandboxRuntime(cfg)
+    yield rt
+    leftover = rt.live
+    _remove_parent_cgroups(rt)
+    assert not leftover, f"sandboxes left open by tests: {leftover}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _desc(res: ExecResult) -> str:
+    return (f"exit={res.exit_code} signal={res.signal} timed_out={res.timed_out} "
+            f"stdout={res.stdout[-2000:]!r} stderr={res.stderr[-2000:]!r}")
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _sha(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@contextlib.asynccontextmanager
+async def _open(runtime, config: SandboxConfig, snapshot=None) -> AsyncIterator:
+    sb = await runtime.create(snapshot or runtime.base_snapshot(config), config)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+def _agent_pids(sb) -> list[int]:
+    """Host pids of the sandbox's cgroup that are not tryloop's own (init and its zygote,
+    which run the init binary and never exec anything else)."""
+    init_exe = os.readlink(f"/proc/{sb.init_pid}/exe")
+    out = []
+    for pid in sb.cgroup.pids():
+        try:
+            if os.readlink(f"/proc/{pid}/exe") != init_exe:
+                out.append(pid)
+        except FileNotFoundError:  # exited (or a zombie) meanwhile
+            continue
+    return out
+
+
+async def _wait_no_agent_pids(sb, timeout: float = 5.0) -> list[int]:
+    """Poll until nothing of the agent's runs in the sandbox; returns what is left."""
+    deadline = time.monotonic() + timeout
+    left = _agent_pids(sb)
+    while left and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        left = _agent_pids(sb)
+    return left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _host_files(*paths: Path, content: bytes) -> Iterator[None]:
+    try:
+        for p in paths:
+            p.write_bytes(content)
+            os.chmod(p, 0o600)
+        yield
+    finally:
+        for p in paths:
+            p.unlink(missing_ok=True)
+
+
+class _HostServer:
+    """A TCP server on host 127.0.0.1, accepting in a thread with bounded waits."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # the 0.1 s timeout, or the socket closed
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(4096):
+                        data += chunk
+                self.accepted.append(data)
+
+    def __enter__(self) -> _HostServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------- 1. processes
+
+
+async def test_ps_and_proc_show_only_sandbox_processes(sandbox):
+    res = await sandbox.exec("ps -e -o pid=,user=,comm=; echo ---; ls /proc")
+    assert res.ok, _desc(res)
+    ps_part, proc_part = res.text().split("---")
+    rows = [line.split() for line in ps_part.strip().splitlines()]
+    pids = {int(r[0]) for r in rows}
+    assert len(rows) <= 5, f"ps sees more than the sandbox's own processes: {rows}"
+    assert max(pids) < 64, f"pids look like host pids: {rows}"
+    assert {r[1] for r in rows} <= {"root", "agent"}, rows
+    assert 1 in pids and "tlinit" in dict((int(r[0]), r[2]) for r in rows)[1], f"pid 1 is not the init: {rows}"
+    proc_pids = {int(n) for n in proc_part.split() if n.isdigit()}
+    assert len(proc_pids) <= 5 and max(proc_pids) < 64, f"/proc lists foreign pids: {sorted(proc_pids)}"
+    assert os.getpid() not in proc_pids
+
+
+async def test_cannot_signal_the_host_test_process(sandbox):
+    me = os.getpid()
+    assert me > 64, "the test process pid collides with the sandbox's pid range"
+    res = await sandbox.exec(f"kill -9 {me}; echo rc=$?; ls -d /proc/{me}; echo ls=$?")
+    assert "rc=0" not in res.text(), f"kill -9 of a host pid succeeded: {_desc(res)}"
+    assert "ls=0" not in res.text(), f"/proc/{me} is visible in the sandbox: {_desc(res)}"
+    assert _alive(me)
+
+
+async def test_host_process_of_same_uid_is_invisible_and_unkillable(sandbox):
+    # Same uid as the agent on the host: only the pid namespace keeps it out of reach.
+    victim = subprocess.Popen(["sleep", "60"], user=AGENT_UID, group=AGENT_UID)
+    try:
+        res = await sandbox.exec(
+            f"ls /proc | grep -qx {victim.pid}; echo seen=$?; "
+            f"kill -9 {victim.pid}; echo rc=$?; pkill -9 -x sleep; echo pkill=$?"
+        )
+        out = res.text()
+        assert "seen=1" in out, f"host pid {victim.pid} visible in /proc: {_desc(res)}"
+        assert "rc=0" not in out and "pkill=0" not in out, f"a host sleep was signalled: {_desc(res)}"
+        # kill(-1) reaches every process the caller may signal: only its own namespace's.
+        res = await sandbox.exec("sleep 30 & kill -9 -1; echo rc=$?; wait; echo waited", timeout=10)
+        assert res.ok and res.text() == "rc=0\nwaited\n", f"kill -1 misbehaved: {_desc(res)}"
+        time.sleep(0.1)
+        assert victim.poll() is None, "host sleep of the agent's uid was killed from inside the sandbox"
+        assert _alive(os.getpid())
+        assert (await sandbox.exec("true")).ok, "the sandbox itself should survive kill -1 by the agent"
+    finally:
+        victim.kill()
+        victim.wait(5)
+
+
+# --------------------------------------------------------------------------- 2. host secrets
+
+
+async def test_host_secret_files_are_unreachable(sandbox):
+    tag = _tag()
+    secret = f"TOPSECRET-{tag}".encode()
+    name = f"tryloop-secret-{tag}"
+    paths = [Path("/root") / name, Path("/tmp") / name]
+    with _host_files(*paths, content=secret):
+        cmds = [
+            f"cat /root/{name}", f"cat /tmp/{name}",
+            f"python3 -c 'print(open(\"/root/{name}\").read())'",
+            f"python3 -c 'print(open(\"/tmp/{name}\").read())'",
+            f"cat /proc/self/root/root/{name} /proc/self/root/tmp/{name}",
+            f"cat /proc/1/root/root/{name} /proc/1/root/tmp/{name}",
+            f"cat /proc/1/cwd/tmp/{name}",
+            f"cat /../../../tmp/{name}",
+            "cat /etc/shadow", "cat /etc/gshadow", "ls -la /root", "cat /proc/1/environ",
+            "ls /proc/1/root/", "ls /proc/1/cwd/",
+        ]
+        results = [await sandbox.exec(c, timeout=10) for c in cmds]
+        for cmd, res in zip(cmds, results, strict=True):
+            assert res.exit_code != 0, f"{cmd!r} succeeded: {_desc(res)}"
+            assert secret not in res.stdout + res.stderr, f"{cmd!r} leaked the secret"
+        found = await sandbox.exec("find / -name 'tryloop-secret-*' 2>/dev/null; true", timeout=20)
+        assert name not in found.text(), f"find / located the host secret: {_desc(found)}"
+        shadow = await sandbox.exec("ls /etc/shadow", timeout=10)
+        assert "No such file" in shadow.text("stderr"), _desc(shadow)
+        # The file API cannot reach them either.
+        for p in (f"/root/{name}", f"/tmp/{name}", f"../../../../tmp/{name}", "/etc/shadow"):
+            with pytest.raises(REFUSED):
+                sandbox.read_file(p)
+        assert all(p.read_bytes() == secret for p in paths), "host secret files were modified"
+
+
+async def test_proc_self_root_is_the_sandbox_root(sandbox):
+    res = await sandbox.exec("cat /proc/self/root/etc/hostname; cat /proc/self/root/etc/passwd")
+    assert res.ok, _desc(res)
+    assert res.text().startswith("sandbox\n"), _desc(res)
+    assert "agent:x:1000" in res.text(), "passwd seen through /proc/self/root is not the sandbox's"
+    assert Path("/etc/passwd").read_bytes() not in res.stdout
+
+
+# --------------------------------------------------------------------------- 3. writes outside
+
+
+async def test_cannot_write_to_host_usr_python_prefix_or_etc(sandbox):
+    tag = _tag()
+    res = await sandbox.exec(["python3", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"])
+    assert res.ok, _desc(res)
+    prefixes = [p for p in dict.fromkeys(res.text().split()) if p]
+    assert prefixes, _desc(res)
+    targets = [Path(f"/usr/bin/tryloop-evil-{tag}"), Path(f"/usr/lib/tryloop-evil-{tag}")]
+    for pre in prefixes:
+        targets.append(Path(pre) / f"tryloop-evil-{tag}")
+        targets.append(Path(pre) / "bin" / f"tryloop-evil-{tag}")
+    sp = await sandbox.exec(["python3", "-c", "import site; print(site.getsitepackages()[0])"])
+    assert sp.ok, _desc(sp)
+    # A .pth file in site-packages would run code in every host Python that uses this prefix.
+    targets.append(Path(sp.text().strip()) / f"tryloop-evil-{tag}.pth")
+    passwd_before = _sha("/etc/passwd")
+    try:
+        for t in targets:
+            res = await sandbox.exec(f"echo 'import os' > {shlex.quote(str(t))}")
+            assert res.exit_code != 0, f"agent wrote {t}: {_desc(res)}"
+            err = res.text("stderr")
+            assert "Read-only file system" in err or "Permission denied" in err, _desc(res)
+        res = await sandbox.exec(f"python3 -c 'open(\"{targets[-1]}\", \"w\").write(\"x\")'")
+        assert res.exit_code != 0, f"agent wrote {targets[-1]} from python: {_desc(res)}"
+        res = await sandbox.exec("echo 'evil::0:0::/:/bin/sh' >> /etc/passwd")
+        assert res.exit_code != 0, f"agent appended to /etc/passwd: {_desc(res)}"
+        # `..` beyond the root stays at the sandbox's root: this lands in the sandbox's /tmp.
+        res = await sandbox.exec(f"echo x > /workspace/../../../../../tmp/tryloop-evil-{tag} && "
+                                 f"cat /tmp/tryloop-evil-{tag}")
+        assert res.ok and res.text() == "x\n", _desc(res)
+        for t in targets + [Path(f"/tmp/tryloop-evil-{tag}")]:
+            assert not t.exists(), f"{t} appeared on the host"
+        assert _sha("/etc/passwd") == passwd_before, "host /etc/passwd changed"
+    finally:
+        for t in targets + [Path(f"/tmp/tryloop-evil-{tag}")]:
+            with contextlib.suppress(OSError):
+                t.unlink()
+
+
+async def test_mounts_are_read_only_nosuid_nodev(sandbox):
+    res = await sandbox.exec("cat /proc/self/mountinfo")
+    assert res.ok, _desc(res)
+    own = {"/": "tlroot", "/proc": "proc", "/dev": "tldev", "/dev/shm": "tlshm"}
+    seen = {}
+    for line in res.text().splitlines():
+        fields = line.split()
+        point, opts = fields[4], set(fields[5].split(","))
+        source = fields[fields.index("-") + 2]
+        seen[point] = source
+        if point in own:
+            assert source == own[point], f"{point} is not the sandbox's own {own[point]}: {line}"
+            need = {"nosuid"} | ({"nodev"} if point != "/dev" else {"noexec"})
+        else:  # a host directory bound in: /usr, the Python prefix
+            need = {"ro", "nosuid", "nodev"}
+        assert need <= opts, f"{point} lacks {need - opts}: {line}"
+    assert "/usr" in seen and set(own) <= set(seen), f"unexpected mount table: {res.text()}"
+
+
+# --------------------------------------------------------------------------- 4. network
+
+
+async def test_no_network_reaches_host_loopback(sandbox):
+    tag = _tag()
+    abstract = f"\0tryloop-abstract-{tag}"
+    path_sock = f"/tmp/tryloop-sock-{tag}"
+    unix_abs = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix_path = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        unix_abs.bind(abstract)
+        unix_abs.listen(1)
+        unix_path.bind(path_sock)
+        unix_path.listen(1)
+        with _HostServer() as srv:
+            port = srv.port
+            attempts = {
+                "python": ["python3", "-c",
+                           f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=2);"
+                           "s.sendall(b'escaped'); print('CONNECTED')"],
+                "bash /dev/tcp": ["bash", "-c", f"echo escaped > /dev/tcp/127.0.0.1/{port} && echo CONNECTED"],
+                "curl": ["curl", "-sS", "--max-time", "3", "-d", "escaped", f"http://127.0.0.1:{port}/"],
+                "abstract unix": ["python3", "-c",
+                                  "import socket; s = socket.socket(socket.AF_UNIX);"
+                                  f"s.connect('\\0tryloop-abstract-{tag}'); print('CONNECTED')"],
+                "path unix": ["python3", "-c",
+                              f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{path_sock}');"
+                              "print('CONNECTED')"],
+            }
+            for what, argv in attempts.items():
+                if what == "curl" and not Path("/usr/bin/curl").exists():
+                    continue
+                res = await sandbox.exec(argv, timeout=10)
+                assert res.exit_code != 0 and "CONNECTED" not in res.text(), f"{what} reached the host: {_desc(res)}"
+                assert not res.timed_out, f"{what}: connection attempt hung: {_desc(res)}"
+            time.sleep(0.3)
+            assert srv.accepted == [], f"host server accepted connections from the sandbox: {srv.accepted}"
+        unix_abs.setblocking(False)
+        unix_path.setblocking(False)
+        for s in (unix_abs, unix_path):
+            with pytest.raises(BlockingIOError):
+                s.accept()
+    finally:
+        unix_abs.close()
+        unix_path.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path_sock)
+
+
+async def test_only_loopback_and_no_routes(sandbox):
+    res = await sandbox.exec("cat /proc/net/dev; echo ---; cat /proc/net/route; echo ---; "
+                             "cat /proc/net/ipv6_route 2>/dev/null; echo ---; ip -4 route; ip -6 route")
+    assert res.ok, _desc(res)
+    dev, route, route6, ip_routes = res.text().split("---")
+    ifaces = {line.split(":")[0].strip() for line in dev.splitlines()[2:] if ":" in line}
+    assert ifaces == {"lo"}, f"interfaces other than lo: {ifaces}"
+    assert len(route.strip().splitlines()) <= 1, f"IPv4 routes exist (only the header may): {route}"
+    assert all(" lo" in line or line.split()[-1] == "lo" for line in route6.strip().splitlines()), route6
+    assert "default" not in ip_routes and "via" not in ip_routes, f"a route leaves the box: {ip_routes}"
+
+
+async def test_network_true_shares_host_network(runtime, small_config):
+    """Documented behaviour: `network=True` means the host's network namespace."""
+    cfg = SandboxConfig(network=True, limits=small_config.limits)
+    with _HostServer() as srv:
+        async with _open(runtime, cfg) as sb:
+            code = (f"import socket; s = socket.create_connection(('127.0.0.1', {srv.port}), timeout=3);"
+                    "s.sendall(b'hello-from-sandbox'); s.close(); print('CONNECTED')")
+            res = await sb.exec(["python3", "-c", code], timeout=10)
+            assert res.ok and "CONNECTED" in res.text(), _desc(res)
+        deadline = time.monotonic() + 3
+        while not srv.accepted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert srv.accepted == [b"hello-from-sandbox"], srv.accepted
+
+
+# --------------------------------------------------------------------------- 5-8. resources
+
+
+def _host_latency() -> float:
+    t0 = time.monotonic()
+    subprocess.run(["true"], check=True)
+    return time.monotonic() - t0
+
+
+async def test_fork_bomb_is_contained(sandbox):
+    limit = sandbox.config.limits.pids
+    # `; sleep 30` keeps the command itself running, so that its timeout ends the bomb.
+    proc = await sandbox.start(["bash", "-c", ":(){ :|:& };:; sleep 30"], timeout=4)
+    peak, latencies = 0, []
+    while not proc.done:
+        peak = max(peak, sandbox.stats()["pids"])
+        latencies.append(await asyncio.to_thread(_host_latency))
+        await asyncio.sleep(0.1)
+    res = await proc.wait()
+    assert res.timed_out, f"the fork bomb should run until its timeout: {_desc(res)}"
+    assert 0 < peak <= limit, f"the sandbox held {peak} processes (limit {limit})"
+    assert latencies and max(latencies) < 2.0, f"host stalled during the fork bomb: {latencies}"
+    events = sandbox.cgroup.paths.get("pids")
+    if events is not None and (events / "pids.events").exists():
+        text = (events / "pids.events").read_text()
+        assert int(text.split()[-1]) > 0, f"pids limit never refused a fork: {text}"
+    left = await _wait_no_agent_pids(sandbox)
+    assert not left, f"processes {left} outlived the fork bomb's timeout"
+    await sandbox.reset()
+    assert not _agent_pids(sandbox)
+    assert (await sandbox.exec("echo ok")).text() == "ok\n"
+    assert _host_latency() < 1.0
+
+
+async def test_python_fork_loop_hits_pids_limit(sandbox):
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "while True:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as e:\n"
+        "        print('EAGAIN' if e.errno == 11 else e, n, flush=True); break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30); os._exit(0)\n"
+        "    n += 1\n"
+    )
+    res = await sandbox.exec(["python3", "-c", code], timeout=15)
+    assert res.ok, _desc(res)
+    word, n = res.text().split()
+    assert word == "EAGAIN", _desc(res)
+    assert int(n) < sandbox.config.limits.pids, f"forked {n} children under a pids limit of {sandbox.config.limits.pids}"
+    assert sandbox.stats()["pids"] <= sandbox.config.limits.pids
+    assert len(_agent_pids(sandbox)) >= int(n), "the forked children are gone before the reset"
+    await sandbox.reset()  # the sleeping children are still there; reset must clear them
+    assert not _agent_pids(sandbox), f"processes survived reset: {_agent_pids(sandbox)}"
+    assert (await sandbox.exec("true")).ok
+
+
+async def test_memory_bomb_is_oom_killed(sandbox):
+    code = "chunks = []\nfor _ in range(100):\n    chunks.append(b'x' * (10 << 20))\nprint('ALLOCATED 1 GiB')\n"
+    res = await sandbox.exec(["python3", "-c", code], timeout=30)
+    assert "ALLOCATED" not in res.text(), f"1 GiB allocated under a 128 MiB limit: {_desc(res)}"
+    assert res.signal == signal.SIGKILL and not res.timed_out, _desc(res)
+    assert res.oom_killed or sandbox.stats()["oom_kills"] >= 1, "the kill was not attributed to the OOM killer"
+    assert sandbox.stats()["memory_peak_bytes"] <= (128 << 20) + (4 << 20)
+    after = await sandbox.exec("echo still-alive")
+    assert after.ok and after.text() == "still-alive\n", _desc(after)
+    assert _alive(os.getpid())
+
+
+async def test_disk_quota(sandbox, runtime):
+    tag = _tag()
+    upper = sandbox.upper_dir()
+    vfs = os.statvfs(upper)
+    assert vfs.f_blocks * vfs.f_frsize <= 33 << 20, "the writable layer is not capped at disk_mb"
+    for d in ("/workspace", "/tmp", "/home/agent"):
+        res = await sandbox.exec(f"dd if=/dev/zero of={d}/big-{tag} bs=1M count=100", timeout=20)
+        assert res.exit_code != 0 and "No space left" in res.text("stderr"), f"{d}: {_desc(res)}"
+        res = await sandbox.exec(f"rm {d}/big-{tag} && echo small > {d}/small-{tag} && cat {d}/small-{tag}")
+        assert res.ok and res.text() == "small\n", f"space not reclaimed after rm in {d}: {_desc(res)}"
+    res = await sandbox.exec(f"dd if=/dev/zero of=/dev/shm/big-{tag} bs=1M count=100", timeout=20)
+    assert res.exit_code != 0 and "No space left" in res.text("stderr"), f"/dev/shm: {_desc(res)}"
+    for root in (Path("/"), Path("/tmp"), runtime.config.store_dir, runtime.config.state_dir):
+        for name in (f"big-{tag}", f"workspace/big-{tag}"):
+            assert not (root / name).exists(), f"sandbox file reached the host at {root / name}"
+    for root in (runtime.config.store_dir, runtime.config.state_dir):
+        hits = [p for p in root.rglob(f"*{tag}*")]
+        assert not hits, f"sandbox files landed in the host store: {hits}"
+
+
+async def test_timeout_kills_command_and_background_children(sandbox):
+    t0 = time.monotonic()
+    res = await sandbox.exec("sleep 30", timeout=0.5)
+    took = time.monotonic() - t0
+    assert res.timed_out and res.signal == signal.SIGKILL, _desc(res)
+    assert took < 3.0, f"timeout of 0.5 s took {took:.2f} s to return"
+    t0 = time.monotonic()
+    res = await sandbox.exec("sleep 100 & sleep 101 & sleep 30", timeout=0.5)
+    assert res.timed_out and time.monotonic() - t0 < 3.0, _desc(res)
+    ps = await sandbox.exec(["ps", "-e", "-o", "comm="])
+    assert "sleep" not in ps.text(), f"background children survived the timeout: {_desc(ps)}"
+    assert not await _wait_no_agent_pids(sandbox, 2)
+
+
+async def test_setsid_escapes_timeout_but_not_reset(sandbox):
+    """The timeout kills the command's process group; a child that left it with setsid
+    stays (contained by the cgroup) until the next reset, which kills everything."""
+    res = await sandbox.exec("setsid sleep 300 >/dev/null 2>&1 & sleep 30", timeout=0.5)
+    assert res.timed_out, _desc(res)
+    ps = await sandbox.exec(["ps", "-e", "-o", "comm="])
+    assert ps.text().split().count("sleep") == 1, f"expected the setsid'd sleep to be left: {_desc(ps)}"
+    await sandbox.reset()
+    ps = await sandbox.exec(["ps", "-e", "-o", "comm="])
+    assert "sleep" not in ps.text(), _desc(ps)
+    assert not await _wait_no_agent_pids(sandbox, 2)
+
+
+# --------------------------------------------------------------------------- 9. privileges
+
+
+async def test_ptrace_is_denied(sandbox):
+    code = (
+        "import ctypes, os, subprocess, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]\n"
+        "sib = subprocess.Popen(['sleep', '30'])\n"
+        "r = libc.ptrace(16, sib.pid, None, None)\n"  # PTRACE_ATTACH
+        "e1 = ctypes.get_errno()\n"
+        "r2 = libc.ptrace(0x4206, sib.pid, None, None)\n"  # PTRACE_SEIZE
+        "e2 = ctypes.get_errno()\n"
+        "r3 = libc.ptrace(16, 1, None, None)\n"
+        "e3 = ctypes.get_errno()\n"
+        "sib.kill(); sib.wait()\n"
+        "print(r, e1, r2, e2, r3, e3)\n"
+    )
+    res = await sandbox.exec(["python3", "-c", code], timeout=15)
+    assert res.ok, _desc(res)
+    assert res.text().split() == ["-1", str(errno.EPERM)] * 3, f"ptrace attach was not refused: {_desc(res)}"
+    if Path("/usr/bin/strace").exists():
+        res = await sandbox.exec("sleep 30 & strace -p $! -e trace=none; echo rc=$?; kill $!", timeout=10)
+        assert "rc=0" not in res.text() and "Operation not permitted" in res.text("stderr"), _desc(res)
+        res = await sandbox.exec("strace -f true", timeout=10)
+        assert res.exit_code != 0, _desc(res)
+
+
+async def test_mount_unshare_chroot_are_denied(sandbox):
+    res = await sandbox.exec("mkdir -p /tmp/x; mount -t tmpfs x /tmp/x; echo rc=$?; "
+                             "grep -c ' /tmp/x ' /proc/self/mountinfo")
+    assert "rc=0" not in res.text() and res.text().split()[-1] == "0", f"mount succeeded: {_desc(res)}"
+    for cmd in ("unshare -r id -u", "unshare -m true", "unshare -U true", "unshare -n true",
+                "unshare -p -f true", "chroot / true", "chroot /tmp /bin/sh"):
+        res = await sandbox.exec(cmd, timeout=10)
+        assert res.exit_code != 0 and res.text() != "0\n", f"{cmd!r} succeeded: {_desc(res)}"
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "os.makedirs('/tmp/y', exist_ok=True)\n"
+        "out = []\n"
+        "out.append(libc.mount(b'x', b'/tmp/y', b'tmpfs', 0, None)); out.append(ctypes.get_errno())\n"
+        "out.append(libc.unshare(0x10000000)); out.append(ctypes.get_errno())\n"  # CLONE_NEWUSER
+        "out.append(libc.unshare(0x00020000)); out.append(ctypes.get_errno())\n"  # CLONE_NEWNS
+        "fd = os.open('/proc/1/ns/mnt', os.O_RDONLY) if os.access('/proc/1/ns/mnt', os.R_OK) else -1\n"
+        "out.append(libc.setns(fd, 0)); out.append(ctypes.get_errno())\n"
+        "r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n"  # clone(CLONE_NEWUSER | SIGCHLD)
+        "if r == 0: os._exit(0)\n"
+        "out.append(r); out.append(ctypes.get_errno())\n"
+        "try:\n"
+        "    os.chroot('/tmp'); out.append('CHROOTED')\n"
+        "except PermissionError:\n"
+        "    out.append('chroot-denied')\n"
+        "print(*out)\n"
+    )
+    res = await sandbox.exec(["python3", "-c", code], timeout=10)
+    assert res.ok, _desc(res)
+    words = res.text().split()
+    pairs = list(zip(words[0:10:2], words[1:10:2], strict=True))
+    assert all(r == "-1" and e in (str(errno.EPERM), str(errno.EBADF)) for r, e in pairs[:4]), \
+        f"mount/unshare/setns not refused: {_desc(res)}"
+    assert pairs[4] == ("-1", str(errno.EPERM)), f"clone(CLONE_NEWUSER) not refused: {_desc(res)}"
+    assert words[-1] == "chroot-denied", _desc(res)
+
+
+async def test_setuid_binaries_grant_nothing(sandbox):
+    res = await sandbox.exec("find /usr/bin /usr/sbin /bin -maxdepth 1 -perm -4000 -type f 2>/dev/null")
+    suid = sorted(set(res.text().split()))
+    if not suid:
+        pytest.skip("no setuid binaries in this host's /usr")
+    args = {"su": "-c 'id -u' root", "mount": "-t tmpfs none /tmp", "umount": "/tmp",
+            "passwd": "root", "gpasswd": "-a agent root", "chsh": "-s /bin/sh root"}
+    for binary in suid:
+        name = Path(binary).name
+        if name in ("newgrp", "sg"):  # they prompt with a built-in delay; su covers the case
+            continue
+        res = await sandbox.exec(f"{binary} {args.get(name, '')} </dev/null; echo rc=$?; id -u", timeout=10)
+        lines = res.text().split()
+        assert lines[-1] == "1000", f"{binary} changed the uid: {_desc(res)}"
+        assert "0" not in lines[:-2], f"{binary} ran something as uid 0: {_desc(res)}"
+        if name in args:
+            assert "rc=0" not in lines, f"{binary} {args[name]} succeeded: {_desc(res)}"
+    code = (
+        "import os\n"
+        "for what, f in [('setuid', lambda: os.setuid(0)), ('seteuid', lambda: os.seteuid(0)),\n"
+        "                ('setresuid', lambda: os.setresuid(0, 0, 0)), ('setgid', lambda: os.setgid(0)),\n"
+        "                ('setgroups', lambda: os.setgroups([0]))]:\n"
+        "    try:\n"
+        "        f(); print(what, 'OK')\n"
+        "    except PermissionError:\n"
+        "        print(what, 'denied')\n"
+        "print(os.getresuid(), os.getresgid(), os.getgroups())\n"
+    )
+    res = await sandbox.exec(["python3", "-c", code])
+    assert res.ok, _desc(res)
+    assert " OK" not in res.text(), f"an id switch to 0 succeeded: {_desc(res)}"
+    assert "(1000, 1000, 1000) (1000, 1000, 1000) []" in res.text(), _desc(res)
+
+
+# --------------------------------------------------------------------------- 10. /proc/sys, /sys
+
+
+async def test_proc_sys_and_sys_writes_fail(sandbox):
+    host_hostname = Path("/proc/sys/kernel/hostname").read_text()
+    sysrq = Path("/proc/sys/kernel/sysrq")
+    sysrq_before = sysrq.read_text() if sysrq.exists() else None
+    core_pattern = Path("/proc/sys/kernel/core_pattern").read_text().rstrip("\n")
+    try:
+        attempts = [
+            "echo 1 > /proc/sys/kernel/sysrq",
+            "echo pwned > /proc/sys/kernel/hostname",
+            "echo pwned > /proc/sys/kernel/domainname",
+            # the current value: even a write that got through would change nothing
+            f"printf %s {shlex.quote(core_pattern)} > /proc/sys/kernel/core_pattern",
+            "echo h > /proc/sysrq-trigger",  # h: help, harmless if it ever got through
+            "echo 3 > /proc/sys/vm/drop_caches",
+            "echo 1 > /sys/kernel/mm/transparent_hugepage/enabled",
+            "echo x > /sys/evil",
+            "hostname pwned",
+            "python3 -c 'import socket; socket.sethostname(\"pwned\")'",
+        ]
+        for cmd in attempts:
+            res = await sandbox.exec(cmd, timeout=10)
+            assert res.exit_code != 0, f"{cmd!r} succeeded: {_desc(res)}"
+        res = await sandbox.exec("hostname; ls -A /sys | wc -l; grep -cE ' (sysfs|cgroup2?) ' /proc/mounts")
+        assert res.text().split() == ["sandbox", "0", "0"], f"sysfs/cgroupfs reachable or hostname changed: {_desc(res)}"
+    finally:
+        if sysrq_before is not None and sysrq.read_text() != sysrq_before:
+            sysrq.write_text(sysrq_before)
+    assert Path("/proc/sys/kernel/hostname").read_text() == host_hostname
+    assert Path("/proc/sys/kernel/core_pattern").read_text().rstrip("\n") == core_pattern
+    if sysrq_before is not None:
+        assert sysrq.read_text() == sysrq_before
+
+
+ROOT_PROC_TARGETS = ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/panic",
+                     "/proc/sysrq-trigger")
+
+
+def test_no_command_can_run_as_root_inside(sandbox):
+    # Without a user namespace uid 0 inside owns host-global files (/proc/sys): the API
+    # has no way to ask for it, and the config refuses uid 0.
+    with pytest.raises(TypeError):
+        sandbox.start("id", user="root")  # type: ignore[call-arg]
+    with pytest.raises(ValueError):
+        SandboxConfig(uid=0)
+
+
+async def test_proc_sys_is_read_only_and_host_global_sysctls_closed(sandbox):
+    # Only open(O_WRONLY) and close: nothing is ever written, whatever the outcome.
+    code = (
+        "import os, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        fd = os.open(p, os.O_WRONLY)\n"
+        "    except OSError as e:\n"
+        "        print(p, 'refused', e.errno)\n"
+        "    else:\n"
+        "        os.close(fd); print(p, 'WRITABLE')\n"
+    )
+    targets = [p for p in ROOT_PROC_TARGETS if Path(p).exists()]
+    res = await sandbox.exec(["python3", "-c", code, *targets])
+    assert res.ok, _desc(res)
+    writable = [line.split()[0] for line in res.text().splitlines() if line.endswith("WRITABLE")]
+    assert not writable, f"the sandbox can open host-global /proc files for writing: {writable}"
+    mounts = (await sandbox.exec("grep ' /proc/sys ' /proc/self/mounts")).text()
+    assert " ro," in mounts, f"/proc/sys is not mounted read-only: {mounts!r}"
+
+
+async def test_dev_cannot_be_rewritten_to_plant_a_privileged_stdin(sandbox):
+    plant = await sandbox.exec("rm -f /dev/null; ln -sf /proc/1/mem /dev/null; touch /dev/x")
+    assert plant.exit_code != 0, f"/dev was writable: {_desc(plant)}"
+    res = await sandbox.exec("readlink /proc/self/fd/0; head -c 1 /proc/1/mem; echo direct=$?")
+    assert "direct=0" not in res.text(), f"the agent opens init's memory directly: {_desc(res)}"
+    assert res.text().split()[0] == "/dev/null", f"stdin is not /dev/null: {_desc(res)}"
+
+
+# --------------------------------------------------------------------------- 11. devices
+
+
+async def test_only_safe_device_nodes(sandbox):
+    res = await sandbox.exec("ls -A /dev")
+    assert res.ok, _desc(res)
+    assert set(res.text().split()) <= SAFE_DEV, f"unexpected device nodes: {set(res.text().split()) - SAFE_DEV}"
+    for cmd in ("mknod /tmp/sda b 8 0", "mknod /tmp/mem c 1 1", "mknod /dev/shm/sda b 8 0",
+                "python3 -c 'import os; os.mknod(\"/tmp/kmsg\", 0o20600, os.makedev(1, 11))'"):
+        res = await sandbox.exec(cmd)
+        assert res.exit_code != 0, f"{cmd!r} succeeded: {_desc(res)}"
+    for dev in ("/dev/mem", "/dev/kmem", "/dev/kmsg", "/dev/sda", "/dev/vda", "/dev/port", "/dev/nvme0n1"):
+        res = await sandbox.exec(["python3", "-c", f"open({dev!r}, 'rb')"])
+        assert res.exit_code != 0 and "FileNotFoundError" in res.text("stderr"), f"{dev}: {_desc(res)}"
+    for f in ("/proc/kmsg", "/proc/kcore", "/dev/kmsg"):
+        res = await sandbox.exec(f"head -c 1 {f} | wc -c")
+        assert res.text().strip() == "0", f"{f} readable: {_desc(res)}"
+    # /proc/kallsyms is world-readable, but the unprivileged see every address as zero.
+    res = await sandbox.exec("head -100 /proc/kallsyms | cut -d' ' -f1 | sort -u")
+    assert set(res.text().split()) <= {"0000000000000000"}, f"kernel addresses leak: {_desc(res)}"
+    res = await sandbox.exec("head -c 4096 /dev/zero | wc -c; head -c 16 /dev/urandom | wc -c; "
+                             "echo x > /dev/null && echo null-ok; echo x > /dev/full; echo full=$?")
+    assert res.text().split() == ["4096", "16", "null-ok", "full=1"], _desc(res)
+    res = await sandbox.exec("echo x > /dev/tty")
+    assert res.exit_code != 0, f"a controlling terminal is reachable: {_desc(res)}"
+
+
+# --------------------------------------------------------------------------- 12. file API
+
+
+async def test_file_api_symlink_tricks(sandbox):
+    tag = _tag()
+    shadow_before = _sha("/etc/shadow") if Path("/etc/shadow").exists() else None
+    host_passwd = Path("/etc/passwd").read_bytes()
+    res = await sandbox.exec(
+        "ln -s /etc/shadow /workspace/s && ln -s / /workspace/root && ln -s /proc/1/root /workspace/p && "
+        "ln -s ../../../../../etc /workspace/up && ln -s /proc/self/root /workspace/selfroot && "
+        "ln -s /usr/bin /workspace/usrbin && ln -s /etc/passwd /workspace/pw"
+    )
+    assert res.ok, _desc(res)
+    try:
+        for path in ("/workspace/s", "s", "root/etc/shadow", "../../../../etc/shadow", "/../../etc/shadow",
+                     "p/etc/passwd", "/proc/1/root/etc/passwd", "selfroot/etc/passwd", "/proc/self/environ",
+                     "/proc/1/environ", "/proc/self/root/etc/passwd", "/proc/1/cwd/etc/passwd"):
+            try:
+                data = sandbox.read_file(path)
+            except REFUSED:
+                continue
+            raise AssertionError(f"read_file({path!r}) returned {data[:200]!r}")
+        # Paths that resolve inside the sandbox return the sandbox's files, not the host's.
+        for path in ("root/etc/passwd", "up/passwd", "pw", "../../../../../etc/passwd"):
+            data = sandbox.read_file(path)
+            assert b"agent:x:1000" in data and data != host_passwd, f"read_file({path!r}) gave host content"
+        assert sandbox.read_file("root/etc/hostname") == b"sandbox\n"
+        with pytest.raises(REFUSED):
+            sandbox.list_dir("p")
+        with pytest.raises(REFUSED):
+            sandbox.list_dir("/proc/1/root")
+        inside = await sandbox.exec("ls -A /")
+        assert {i.name for i in sandbox.list_dir("root")} == set(inside.text().split()), \
+            "list_dir through a symlink to / did not list the sandbox's own root"
+        # Writes.
+        for path in ("s", "/workspace/s", "pw", "p/tmp/evil", "usrbin/tryloop-evil", f"/usr/bin/evil-{tag}",
+                     "/proc/self/environ", "/proc/1/environ", "/dev/null", f"/dev/evil-{tag}",
+                     f"/proc/evil-{tag}"):
+            with pytest.raises(REFUSED):
+                sandbox.write_file(path, b"pwned\n")
+        # These resolve inside the sandbox's own writable layer: allowed, and stay there.
+        sandbox.write_file(f"/workspace/up/evil-{tag}", b"inside\n")
+        sandbox.write_file(f"../../../../tmp/evil-{tag}", b"inside\n")
+        assert sandbox.read_file(f"/etc/evil-{tag}") == b"inside\n"
+        assert sandbox.read_file(f"/tmp/evil-{tag}") == b"inside\n"
+        for host_path in (f"/etc/evil-{tag}", f"/tmp/evil-{tag}", f"/usr/bin/evil-{tag}", "/usr/bin/tryloop-evil"):
+            assert not Path(host_path).exists(), f"{host_path} appeared on the host"
+        res = await sandbox.exec("cat /workspace/s; readlink /workspace/s")
+        assert res.text().strip() == "/etc/shadow", f"the planted symlink was written through: {_desc(res)}"
+    finally:
+        for p in (f"/etc/evil-{tag}", f"/tmp/evil-{tag}", f"/usr/bin/evil-{tag}"):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+    assert Path("/etc/passwd").read_bytes() == host_passwd
+    if shadow_before is not None:
+        assert _sha("/etc/shadow") == shadow_before
+
+
+async def test_file_api_special_files_do_not_hang(sandbox):
+    res = await sandbox.exec("mkfifo /workspace/fifo && python3 -c \"import socket; "
+                             "socket.socket(socket.AF_UNIX).bind('/workspace/sock')\"")
+    assert res.ok, _desc(res)
+    for path in ("fifo", "sock", "/dev/zero", "/dev/urandom", "/dev/tty"):
+        with pytest.raises(REFUSED):
+            await asyncio.wait_for(asyncio.to_thread(sandbox.read_file, path), 5)
+    for path in ("fifo", "sock"):
+        with pytest.raises(REFUSED):
+            await asyncio.wait_for(asyncio.to_thread(sandbox.write_file, path, b"x"), 5)
+
+
+# --------------------------------------------------------------------------- 13. reset
+
+
+async def test_reset_leaves_nothing_behind(runtime, small_config):
+    snap = runtime.workspace_snapshot({"a.txt": "hello\n", "pkg/mod.py": "X = 1\n", "empty/.keep": ""},
+                                      config=small_config)
+    async with _open(runtime, small_config, snap) as sb:
+        ws = sb.root_dir() / "workspace"
+        before = tree_digest(ws)
+        res = await sb.exec(
+            "set -e; echo evil > /workspace/new; echo changed > /workspace/a.txt; rm /workspace/pkg/mod.py; "
+            "chmod 777 /workspace/empty; ln -s /etc /workspace/link; echo t > /tmp/t; echo h > /home/agent/h; "
+            "echo 'export EVIL=1' >> /home/agent/.bashrc; echo s > /dev/shm/s; echo v > /var/tmp/v; "
+            "ipcmk -M 4096 >/dev/null; ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; "
+            "nohup sh -c 'sleep 1000' >/dev/null 2>&1 & setsid sleep 1001 >/dev/null 2>&1 & "
+            "python3 -c 'import os; os.setsid() if os.fork() == 0 and not os.fork() else os._exit(0); "
+            "import time; time.sleep(1002)' >/dev/null 2>&1 & true"
+        )
+        assert res.ok, _desc(res)
+        await asyncio.sleep(0.2)
+        assert len(_agent_pids(sb)) >= 3, "the background processes did not start"
+        assert tree_digest(ws) != before
+        ipc = await sb.exec("ipcs -m -q -s | grep -c '^0x'")
+        assert ipc.text().strip() == "3", _desc(ipc)
+
+        await sb.reset()
+
+        assert not _agent_pids(sb), f"processes survived reset: {_agent_pids(sb)}"
+        res = await sb.exec(["ps", "-e", "-o", "pid=,comm="])
+        comms = [line.split()[1] for line in res.text().splitlines()]
+        others = [c for c in comms if c != "ps" and not c.startswith("tlinit")]
+        assert not others and len(comms) <= 3, f"processes besides init, zygote and ps after reset: {_desc(res)}"
+        res = await sb.exec("ls -A /tmp /home/agent /dev/shm /var/tmp; cat /workspace/a.txt")
+        assert res.text().split() == ["/dev/shm:", "/home/agent:", "/tmp:", "/var/tmp:", "hello"], _desc(res)
+        ipc = await sb.exec("ipcs -m -q -s | grep -c '^0x'")
+        assert ipc.text().strip() == "0", f"SysV IPC objects survived reset: {_desc(ipc)}"
+        assert tree_digest(ws) == before, "the workspace differs from its snapshot after reset"
+        env = await sb.exec(["bash", "-c", "echo \"[$EVIL]\""])
+        assert env.text() == "[]\n", _desc(env)
+
+
+# --------------------------------------------------------------------------- 14. capabilities
+
+
+async def test_no_capabilities_nnp_and_seccomp(sandbox):
+    user = "agent"
+    res = await sandbox.exec("grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; id -u")
+    assert res.ok, _desc(res)
+    lines = res.text().splitlines()
+    fields = dict(line.split(":\t") for line in lines[:-1])
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap], 16) == 0, f"{cap} = {fields[cap]} for user {user}"
+    assert fields["NoNewPrivs"] == "1", fields
+    assert fields["Seccomp"] == "2", fields
+    assert lines[-1] == "1000"
+
+
+# --------------------------------------------------------------------------- 15. cross-sandbox
+
+
+async def test_sandboxes_cannot_see_each_other(runtime, small_config):
+    tag = _tag()
+    listen_code = (
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 4567)); s.listen(4)\n"
+        f"u = socket.socket(socket.AF_UNIX); u.bind('\\0tl-{tag}'); u.listen(1)\n"
+        "open('/tmp/ready', 'w').close()\n"
+        "s.settimeout(8); c, _ = s.accept(); print('accepted', c.recv(100).decode())\n"
+    )
+    connect_code = (
+        "import socket\n"
+        f"for fam, addr in [(socket.AF_INET, ('127.0.0.1', 4567)), (socket.AF_UNIX, '\\0tl-{tag}')]:\n"
+        "    try:\n"
+        "        socket.socket(fam).connect(addr); print('CONNECTED')\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+    async with _open(runtime, small_config) as a, _open(runtime, small_config) as b:
+        listener = await a.start(["python3", "-c", listen_code], timeout=15)
+        deadline = time.monotonic() + 5
+        while not a.files.exists("/tmp/ready") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert a.files.exists("/tmp/ready"), "listener in sandbox A did not start"
+        a.write_file(f"/tmp/secret-{tag}", b"A's secret\n")
+        shm = await a.exec("ipcmk -M 1024")
+        assert shm.ok, _desc(shm)
+        a_host_pids = [p for p in a.cgroup.pids() if p != a.init_pid]
+        assert a_host_pids, "A's listener is not in A's cgroup"
+
+        res = await b.exec("ps -e -o comm= | grep -c python3; ls /proc | grep -c '^[0-9]'; ipcs -m | grep -c '^0x'; "
+                           f"cat /tmp/secret-{tag}; echo cat=$?; "
+                           + "".join(f"kill -9 {p}; echo kill=$?; " for p in a_host_pids))
+        out = res.text().split()
+        assert out[0] == "0", f"B sees A's python process: {_desc(res)}"
+        assert int(out[1]) <= 5, f"B's /proc lists more than its own processes: {_desc(res)}"
+        assert out[2] == "0", f"B sees A's SysV shared memory: {_desc(res)}"
+        assert "cat=1" in out and "A's" not in res.text(), f"B read A's file: {_desc(res)}"
+        assert "kill=0" not in out, f"B signalled one of A's processes by host pid: {_desc(res)}"
+        res = await b.exec(["python3", "-c", connect_code], timeout=10)
+        assert res.ok and res.text().split() == ["refused", str(errno.ECONNREFUSED)] * 2, \
+            f"B reached A's sockets: {_desc(res)}"
+        with pytest.raises(FileNotFoundError):
+            b.read_file(f"/tmp/secret-{tag}")
+
+        assert not listener.done, "A's listener died while B attacked it"
+        # Sanity: the listener is reachable from inside A, so B's failure is isolation.
+        hello = await a.exec(["python3", "-c",
+                              "import socket; socket.create_connection(('127.0.0.1', 4567)).sendall(b'from-A')"])
+        assert hello.ok, _desc(hello)
+        done = await listener.wait()
+        assert done.ok and done.text() == "accepted from-A\n", _desc(done)
+
+
+async def test_second_runtime_leaves_live_sandboxes_alone(runtime_config, tmp_path, small_config):
+    from tryloop.sandbox import SandboxRuntime
+
+    name = f"tryloop-sec-gc-{_tag()}"  # a parent of our own: nobody else's sandboxes are at risk
+    first = SandboxRuntime(RuntimeConfig(store_dir=runtime_config.store_dir, state_dir=tmp_path / "a",
+                                         cgroup_name=name))
+    try:
+        async with _open(first, small_config) as sb:
+            assert (await sb.exec("echo alive")).ok
+            SandboxRuntime(RuntimeConfig(store_dir=runtime_config.store_dir, state_dir=tmp_path / "b",
+                                         cgroup_name=name))
+            await asyncio.sleep(0.1)
+            assert await sb.ping(), f"starting a second runtime killed a live sandbox: {sb!r}"
+    finally:
+        _remove_parent_cgroups(first)
