@@ -1,0 +1,1 @@
+"""Task assets: the format, the store, the factory, the quality gate, splits."""
