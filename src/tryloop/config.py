@@ -64,12 +64,24 @@ class PoolConfig(_Model):
     refill_concurrency: int = Field(2, ge=1)
 
 
+class TasksConfig(_Model):
+    """The task store and the quality gate."""
+
+    store_url: str = Field("/var/lib/tryloop/tasks", description="local path or fsspec URL (s3://...)")
+    work_dir: Path = Field(Path("/var/lib/tryloop/task-work"), description="scratch space for candidates")
+    gate_k: int = Field(3, ge=1, description="runs per state in the quality gate")
+    time_budget_s: float = Field(60.0, gt=0, description="slowest allowed test run")
+    eval_fraction: float = Field(0.25, ge=0, le=1, description="share of split groups held out for eval")
+    seed: int = 0
+
+
 class TryloopConfig(_Model):
     """The root of a tryloop YAML file."""
 
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
 
 
 def _describe(err: ValidationError, source: str) -> str:

@@ -45,9 +45,10 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, sandbox
+    from tryloop.cli import bench, demo, sandbox, tasks
 
     app.add_typer(sandbox.app, name="sandbox")
+    app.add_typer(tasks.app, name="tasks")
     app.add_typer(bench.app, name="bench")
     app.command("demo")(demo.demo)
 

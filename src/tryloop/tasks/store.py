@@ -1,0 +1,200 @@
+"""The task store: content-addressed task versions under any fsspec URL.
+
+    <url>/tasks/<id as a__b>/<fingerprint>/    one task version (the task directory)
+    <url>/index/<fingerprint>.json             its metadata, gate summary and time added
+    <url>/stats/<fingerprint>.json             measured pass rates per policy
+    <url>/rejections.jsonl                     every rejected candidate and why
+
+A local directory is the default; `s3://bucket/prefix` or any other fsspec URL
+works the same. Old versions stay addressable by fingerprint; `get(id)` gives
+the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from tryloop.errors import TryloopError
+from tryloop.tasks.model import Task, TaskMeta
+
+
+class TaskNotFound(TryloopError, KeyError):
+    def __init__(self, key: str, url: str):
+        super().__init__(f"no task {key!r} in the task store at {url}")
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One task version as the index records it."""
+
+    id: str
+    fingerprint: str
+    meta: TaskMeta
+    added: float
+    gate: dict[str, Any]
+
+    @property
+    def short(self) -> str:
+        return self.fingerprint[:12]
+
+
+def _key(task_id: str) -> str:
+    return task_id.replace("/", "__")
+
+
+class TaskStore:
+    def __init__(self, url: str | Path, cache_dir: Path | None = None):
+        self.url = str(url)
+        self.fs, self.base = fsspec.core.url_to_fs(self.url)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.cache_dir = cache_dir or Path(tempfile.gettempdir()) / "tryloop-task-cache"
+        for sub in ("tasks", "index", "stats"):
+            self.fs.makedirs(f"{self.base}/{sub}", exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"<TaskStore {self.url}>"
+
+    # ---- writing -------------------------------------------------------------
+
+    def add(self, task: Task, gate: dict[str, Any] | None = None) -> Entry:
+        """Store a task version (idempotent: the same content is stored once)."""
+        fp = task.fingerprint()
+        dest = f"{self.base}/tasks/{_key(task.id)}/{fp}"
+        if not self.fs.exists(f"{self.base}/index/{fp}.json"):
+            if self.local:
+                tmp = Path(f"{dest}.tmp{time.monotonic_ns()}")
+                shutil.copytree(task.root, tmp, symlinks=True)
+                Path(dest).parent.mkdir(parents=True, exist_ok=True)
+                if Path(dest).exists():
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.rename(dest)
+            else:
+                self.fs.put(str(task.root), dest, recursive=True)
+        entry = Entry(task.id, fp, task.meta, time.time(), gate or {})
+        self._write_json(f"index/{fp}.json", {"id": task.id, "fingerprint": fp, "added": entry.added,
+                                              "gate": entry.gate, "meta": task.meta.model_dump(mode="json")})
+        return entry
+
+    def update_meta(self, fingerprint: str, **changes: Any) -> Entry:
+        """Change metadata that does not decide grading (split, tier, tags, difficulty)."""
+        entry = self.entry(fingerprint)
+        meta = entry.meta.model_copy(update=changes)
+        if meta.grading_fields() != entry.meta.grading_fields():
+            raise TryloopError(f"task {entry.id}: {sorted(changes)} change grading; add a new version instead")
+        doc = self._read_json(f"index/{fingerprint}.json")
+        doc["meta"] = meta.model_dump(mode="json")
+        self._write_json(f"index/{fingerprint}.json", doc)
+        return Entry(entry.id, fingerprint, meta, entry.added, entry.gate)
+
+    def record_rejection(self, task_id: str, source: str, group: str, reason: str, detail: str = "") -> None:
+        line = json.dumps({"id": task_id, "source": source, "group": group, "reason": reason,
+                           "detail": detail, "time": time.time()})
+        with self.fs.open(f"{self.base}/rejections.jsonl", "a") as f:
+            f.write(line + "\n")
+
+    def record_pass_rate(self, fingerprint: str, policy: str, passes: int, attempts: int) -> dict[str, Any]:
+        """Accumulate a policy's measured pass rate on one task version."""
+        path = f"stats/{fingerprint}.json"
+        doc = self._read_json(path) if self.fs.exists(f"{self.base}/{path}") else {}
+        cur = doc.get(policy, {"passes": 0, "attempts": 0})
+        cur = {"passes": cur["passes"] + passes, "attempts": cur["attempts"] + attempts}
+        cur["rate"] = cur["passes"] / cur["attempts"] if cur["attempts"] else None
+        doc[policy] = cur
+        self._write_json(path, doc)
+        return cur
+
+    def pass_rates(self, fingerprint: str) -> dict[str, Any]:
+        path = f"stats/{fingerprint}.json"
+        return self._read_json(path) if self.fs.exists(f"{self.base}/{path}") else {}
+
+    def remove(self, fingerprint: str) -> None:
+        entry = self.entry(fingerprint)
+        self.fs.rm(f"{self.base}/index/{fingerprint}.json")
+        self.fs.rm(f"{self.base}/tasks/{_key(entry.id)}/{fingerprint}", recursive=True)
+
+    # ---- reading -------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for path in sorted(self.fs.glob(f"{self.base}/index/*.json")):
+            doc = json.loads(self.fs.cat_file(path))
+            out.append(Entry(doc["id"], doc["fingerprint"], TaskMeta.model_validate(doc["meta"]),
+                             doc["added"], doc.get("gate", {})))
+        return out
+
+    def entry(self, fingerprint: str) -> Entry:
+        matches = [e for e in self.entries() if e.fingerprint.startswith(fingerprint)]
+        if len(matches) != 1:
+            raise TaskNotFound(fingerprint, self.url)
+        return matches[0]
+
+    def query(self, *, source: str | None = None, family: str | None = None, project: str | None = None,
+              tags: Iterable[str] = (), tier: str | None = None, split: str | None = None,
+              latest: bool = True) -> list[Entry]:
+        """Entries matching every given filter; with `latest`, only each id's newest version."""
+        tags = set(tags)
+        out = [e for e in self.entries()
+               if (source is None or e.meta.source == source) and (family is None or e.meta.family == family)
+               and (project is None or e.meta.project == project) and tags <= set(e.meta.tags)
+               and (tier is None or e.meta.tier == tier) and (split is None or e.meta.split == split)]
+        if latest:
+            newest: dict[str, Entry] = {}
+            for e in out:
+                if e.id not in newest or e.added > newest[e.id].added:
+                    newest[e.id] = e
+            out = sorted(newest.values(), key=lambda e: e.id)
+        return out
+
+    def versions(self, task_id: str) -> list[Entry]:
+        return sorted((e for e in self.entries() if e.id == task_id), key=lambda e: e.added)
+
+    def get(self, task_id_or_fp: str) -> Task:
+        """A task by id (newest version) or by (a prefix of) its fingerprint, as a local directory."""
+        vs = self.versions(task_id_or_fp)
+        entry = vs[-1] if vs else self.entry(task_id_or_fp)
+        remote = f"{self.base}/tasks/{_key(entry.id)}/{entry.fingerprint}"
+        if self.local:
+            local = Path(remote)
+        else:
+            local = self.cache_dir / entry.fingerprint
+            if not local.exists():
+                tmp = self.cache_dir / f".{entry.fingerprint}.{time.monotonic_ns()}"
+                self.fs.get(remote, str(tmp), recursive=True)
+                tmp.rename(local)
+        task = Task.load(local)
+        # Metadata that does not decide grading (split, tier...) lives in the index.
+        task.meta = entry.meta
+        return task
+
+    def rejections(self) -> list[dict[str, Any]]:
+        path = f"{self.base}/rejections.jsonl"
+        if not self.fs.exists(path):
+            return []
+        return [json.loads(line) for line in self.fs.cat_file(path).decode().splitlines() if line.strip()]
+
+    # ---- helpers ---------------------------------------------------------------
+
+    def _write_json(self, rel: str, doc: dict[str, Any]) -> None:
+        path = f"{self.base}/{rel}"
+        tmp = f"{path}.tmp{time.monotonic_ns()}"
+        with self.fs.open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        self.fs.mv(tmp, path)
+
+    def _read_json(self, rel: str) -> dict[str, Any]:
+        return json.loads(self.fs.cat_file(f"{self.base}/{rel}"))
