@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -97,13 +98,16 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
     """n, p50, p99, mean, min, max, all in milliseconds."""
     if not samples:
         return {"n": 0}
+    def ms(seconds: float) -> float:
+        return round(seconds * 1e3, 4)
+
     return {
         "n": len(samples),
-        "p50_ms": statistics.median(samples) * 1e3,
-        "p99_ms": percentile(samples, 99) * 1e3,
-        "mean_ms": statistics.fmean(samples) * 1e3,
-        "min_ms": min(samples) * 1e3,
-        "max_ms": max(samples) * 1e3,
+        "p50_ms": ms(statistics.median(samples)),
+        "p99_ms": ms(percentile(samples, 99)),
+        "mean_ms": ms(statistics.fmean(samples)),
+        "min_ms": ms(min(samples)),
+        "max_ms": ms(max(samples)),
     }
 
 
@@ -152,7 +156,7 @@ class Row:
             if b.unavailable:
                 d["unavailable"] = b.unavailable
             if b.p50 and self.ours.p50 is not None:
-                d["ratio"] = self.ours.p50 / b.p50
+                d["ratio"] = round(self.ours.p50 / b.p50, 4)
             base.append(d)
         return {
             "title": self.title,
@@ -272,6 +276,20 @@ def processes_running(path: Path) -> set[int]:
     return found
 
 
+def code_version() -> dict[str, Any]:
+    """The git commit of this checkout and whether the sandbox code differs from it
+    (the numbers belong to the code that ran); {} outside a git checkout."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src/tryloop/sandbox"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"git_head": head, "sandbox_code_modified": bool(dirty)}
+
+
 def spawn_wait(path: str, argv: list[str], env: dict[str, str]) -> float:
     """posix_spawn + waitpid; seconds. Raises BenchError on a non-zero exit."""
     t0 = time.perf_counter()
@@ -378,7 +396,6 @@ class Mutation:
 # --------------------------------------------------------------------------- the benchmark
 
 
-
 class _Bench:
     def __init__(self, cfg: TryloopConfig, sizes: Sizes, console: Console):
         self.cfg = cfg
@@ -446,7 +463,7 @@ class _Bench:
             "kernel": platform.release(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "python_executable": sys.executable, "bwrap": self.bwrap_info, "cgroups": rt.cgroups.version,
             "mem_total_mib": meminfo()["MemTotal"] // 1024, "init": str(rt.init_path),
-            "store_dir": str(rt.config.store_dir), "scratch_dir": str(self.tmp),
+            "store_dir": str(rt.config.store_dir), "scratch_dir": str(self.tmp), **code_version(),
         }
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -564,9 +581,10 @@ class _Bench:
             await sb.close()
         self.rows["exec_true"] = Row(
             "exec_true", "exec /bin/true", ours, [spawn, subp], Target("p50 ≤ 1.3× posix_spawn", ratio_max=1.3),
-            notes=["ours is the round trip: request on the control socket, the init forks, the child drops "
-                   "privileges (chroot, rlimits, capabilities, setuid, seccomp) and execs, the exit comes "
-                   "back, stdout and stderr pipes are drained. 'init side' is fork-to-exit in the init."],
+            notes=["ours is the round trip: request on the control socket, the init has the command cloned "
+                   "from the sandbox's exec server (chrooted, seccomp filter loaded once), the child takes the "
+                   "agent's uid and limits and execs, the exit comes back, stdout and stderr are drained. "
+                   "'init side' is clone-to-exit as the init measures it."],
             extra={**host, "init_side": summarize(init_wall)})
 
     async def exec_python(self) -> None:
@@ -741,11 +759,11 @@ class _Bench:
         ok = not errors and sum(pongs) == n
         verdict = ("misses" if not ok or mem_per_kib > 1024 else "meets" if held >= 1000
                    else f"meets at N={held} (target needs N ≥ 1000)")
-        self.density = {
+        self.density = {k: round(v, 2) if isinstance(v, float) else v for k, v in {
             "n": n, "held": held, "responsive": sum(pongs), "n_errors": len(errors), "errors": errors[:5],
             "mem_available_per_sandbox_kib": mem_per_kib,
             "kernel_per_sandbox_kib": sum(after.get(k, 0) - before.get(k, 0) for k in kernel_keys) / per,
-            "kernel_breakdown_per_sandbox_kib": {k: (after.get(k, 0) - before.get(k, 0)) / per
+            "kernel_breakdown_per_sandbox_kib": {k: round((after.get(k, 0) - before.get(k, 0)) / per, 1)
                                                   for k in kernel_keys},
             "top_slab_caches_per_sandbox_kib": top_slabs,
             "init_rss_sum_mib": sum(r for r, _ in rss) / 1024, "init_rss_per_sandbox_kib": sum(r for r, _ in rss) / per,
@@ -754,7 +772,7 @@ class _Bench:
             "create_concurrency": DENSITY_CONCURRENCY, "teardown_all_s": teardown_s,
             "config": {"memory_mb": 64, "disk_mb": 16},
             "target": "≥ 1000 idle sandboxes at ≤ 1 MiB each", "verdict": verdict, "notes": notes, **host,
-        }
+        }.items()}
 
     async def leak_row(self) -> None:
         from tryloop.sandbox import WarmPool
@@ -787,7 +805,7 @@ class _Bench:
         counts = await self._leak_counts()
         self._done(task)
         self.leaks = {
-            "cycles": cycles, "execs": execs, "hits": hits, "misses": misses, "wall_s": wall,
+            "cycles": cycles, "execs": execs, "hits": hits, "misses": misses, "wall_s": round(wall, 2),
             "acquire_under_churn": summarize(acquire), "counts": counts,
             "verdict": "meets" if not any(counts.values()) else "misses",
             "target": "every count 0 once the pool is closed", **host,
@@ -856,7 +874,9 @@ def render(results: dict[str, Any], console: Console) -> None:
         console = Console(file=console.file, width=max(console.width, 124), highlight=False)
     h = results["host"]
     t = Table(title=f"tryloop bench sandbox{' --quick' if results['quick'] else ''} — "
-                    f"Linux {h['kernel']}, {h['cpus']} CPUs, cgroups {h['cgroups']}")
+                    f"Linux {h['kernel']}, {h['cpus']} CPUs, cgroups {h['cgroups']}"
+                    + (f", code {h['git_head']}{' + changes' if h['sandbox_code_modified'] else ''}"
+                       if h.get("git_head") else ""))
     for col, just in (("operation", "left"), ("p50", "right"), ("p99", "right"), ("baseline", "left"),
                       ("p50", "right"), ("p99", "right"), ("ours ÷ base", "right"), ("target", "left"),
                       ("verdict", "left")):
@@ -952,7 +972,7 @@ def run(cfg: TryloopConfig | None = None, *, quick: bool = False, density: int |
         n_density, n_cycles = min(n_density, QUICK.density), min(n_cycles, QUICK.cycles)
     if n_density < 1 or n_cycles < 1:
         raise BenchError("--density and --cycles must be at least 1")
-    sizes = Sizes(**{**sizes.__dict__, "density": n_density, "cycles": n_cycles})
+    sizes = dataclasses.replace(sizes, density=n_density, cycles=n_cycles)
     bench = _Bench(cfg, sizes, console)
     started = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -960,7 +980,7 @@ def run(cfg: TryloopConfig | None = None, *, quick: bool = False, density: int |
     results: dict[str, Any] = {
         "benchmark": "sandbox", "format": 1, "quick": quick,
         "started": started.isoformat(timespec="seconds"), "duration_s": round(time.perf_counter() - t0, 1),
-        "host": bench.host, "sizes": sizes.__dict__,
+        "host": bench.host, "sizes": dataclasses.asdict(sizes),
         "rows": {k: bench.rows[k].to_json() for k in LATENCY_ROWS},
         "density": bench.density, "leaks": bench.leaks,
     }

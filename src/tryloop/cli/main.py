@@ -32,7 +32,9 @@ def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfi
         for p in parents:
             node = node[p]
         node[leaf] = value
-    return parse(TryloopConfig, data, str(path) if path else "command-line flags")
+    flags = any(v is not None for v in overrides.values())
+    source = " with ".join(x for x in (str(path) if path else "", "command-line flags" if flags else "") if x)
+    return parse(TryloopConfig, data, source or "defaults")
 
 
 def run_cli(fn, *args, **kwargs):

@@ -5,7 +5,7 @@
     steps:
       - pip: ["six==1.16.0"]   # installed into /opt/tryloop/site (on PYTHONPATH)
       - files: {/opt/data/words.txt: ./words.txt}
-      - run: "echo ready > /opt/marker"
+      - run: "echo ready > /opt/tryloop/marker"
 
 A step's cache key is the image it starts from plus the step itself, so
 editing one step rebuilds it and everything after it, and nothing before.

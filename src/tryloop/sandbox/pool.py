@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,7 +28,8 @@ _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1
 class PoolMetrics:
     """Prometheus metrics of all pools sharing a registry (default: the global one)."""
 
-    _by_registry: dict[int, PoolMetrics] = {}
+    _default: PoolMetrics | None = None
+    _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, PoolMetrics] = weakref.WeakKeyDictionary()
 
     def __init__(self, registry: CollectorRegistry | None):
         kw = {"registry": registry} if registry is not None else {}
@@ -46,10 +48,15 @@ class PoolMetrics:
 
     @classmethod
     def for_registry(cls, registry: CollectorRegistry | None) -> PoolMetrics:
-        key = id(registry)
-        if key not in cls._by_registry:
-            cls._by_registry[key] = cls(registry)
-        return cls._by_registry[key]
+        # One set of metric objects per registry (prometheus refuses duplicates);
+        # weakly keyed, so a registry that is gone takes its metrics with it.
+        if registry is None:
+            if cls._default is None:
+                cls._default = cls(None)
+            return cls._default
+        if registry not in cls._by_registry:
+            cls._by_registry[registry] = cls(registry)
+        return cls._by_registry[registry]
 
 
 class WarmPool:
@@ -106,9 +113,12 @@ class WarmPool:
         self._closed = True
         self._wake.set()
         if self._refiller:
-            self._refiller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refiller
+            # Not cancelled: a cancelled gather would drop sandboxes whose creation
+            # already finished. The loop sees _closed and destroys what it made.
+            try:
+                await asyncio.wait_for(asyncio.shield(self._refiller), 30)
+            except TimeoutError:
+                self._refiller.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         victims = list(self._idle) + list(self._in_use)

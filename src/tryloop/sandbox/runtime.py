@@ -58,6 +58,15 @@ def _start_time(pid: int) -> int | None:
     return int(data[data.rindex(b")") + 2:].split()[19])
 
 
+def _become_subreaper() -> None:
+    # Each init is double-forked; as a subreaper this process inherits and reaps
+    # them (through their pidfds) instead of leaving zombies to a host pid 1 that
+    # may not reap. If this process dies, they go to the host's init as usual.
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def _raise_nofile() -> None:
     # Each live sandbox holds two descriptors (control socket, pidfd).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -93,6 +102,7 @@ class SandboxRuntime:
         self._live: dict[str, Sandbox] = {}
         self._me = (os.getpid(), _start_time(os.getpid()))
         _raise_nofile()
+        _become_subreaper()
         if gc:
             self.gc()
 
@@ -271,8 +281,9 @@ class SandboxRuntime:
                 continue
             sid = rec["id"]
             owner = (rec["owner_pid"], rec["owner_start"])
-            alive = _start_time(owner[0]) == owner[1]
-            if alive and (owner != self._me or sid in self._live):
+            # Only a dead owner's sandboxes are reclaimed: a live process may hold
+            # several runtimes, each with its own sandboxes.
+            if _start_time(owner[0]) == owner[1]:
                 recorded.add(rec["cgroup"])
                 report.kept += 1
                 continue

@@ -99,6 +99,8 @@ class Sandbox:
         if self._pidfd >= 0:
             # Closing the socket makes the init kill the sandbox and exit.
             await self._wait_init_exit(5.0)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)  # we are its subreaper
             os.close(self._pidfd)
             self._pidfd = -1
         self.runtime._forget(self)

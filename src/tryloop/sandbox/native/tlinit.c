@@ -711,6 +711,7 @@ static void reap(int block) {
 }
 
 static void kill_everything(uint32_t why) {
+    for (int i = 0; i < nruns; i++) runs[i].flags |= why; /* reported as killed by reset / expiry */
     kill(-1, SIGKILL); /* from pid 1: every other process of the namespace */
     reap(1);
     if (zsock >= 0) zygote_gone();

@@ -1,0 +1,27 @@
+"""Searching sorted sequences."""
+
+
+def binary_search(items, target):
+    """Index of `target` in the sorted list `items`, or -1 if absent."""
+    lo, hi = 0, len(items) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if items[mid] == target:
+            return mid
+        if items[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
+
+
+def insertion_point(items, target):
+    """The leftmost index at which `target` could be inserted to keep `items` sorted."""
+    lo, hi = 0, len(items)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if items[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,388 @@
+"""Harbor task directories: import plain ones, export ours.
+
+A tryloop task already has Harbor's layout (see tryloop.tasks.model), so
+`export_harbor` copies it and makes sure the three Harbor entry points are
+there: `environment/Dockerfile` copies `workspace/` to /workspace,
+`tests/test.sh` lays the hidden tests over /workspace and runs the test command
+(writing /logs/verifier/reward.txt), `solution/solve.sh` lays the reference
+files over /workspace. Nothing that decides grading changes, so
+`Task.load(export_harbor(task, d)).fingerprint() == task.fingerprint()`.
+
+`import_harbor` reads a plain Harbor task (a task.toml without
+[metadata.tryloop]). Harbor runs it in a Docker image built from
+`environment/`, uploads `tests/` to /tests and runs `bash /tests/test.sh`,
+which writes a reward to /logs/verifier/; its oracle runs
+`solution/solve.sh` (uploaded to /solution). tryloop has no Docker image and
+works in /workspace, so the import maps:
+
+    workspace   environment/workspace/ if there is one; else the files the Dockerfile COPYs
+                (or ADDs) into its final WORKDIR; else every file of environment/ but the
+                Dockerfile
+    tests       Harbor's tests/ as .harbor-tests/ (hidden), plus .harbor-tests/tryloop-verify.sh
+    solution    Harbor's solution/ as .harbor-solution/ (solve.sh and its files)
+    command     bash .harbor-tests/tryloop-verify.sh: it runs .harbor-solution/solve.sh first
+                when present (that is how the reference solution is applied: Harbor's
+                solutions are scripts, not files; origin.harbor_solve = true), then
+                Harbor's test.sh, and passes when the reward is 1 (reward.txt, or the
+                `reward` of reward.json, else the smallest of its values); with no reward
+                file it fails with test.sh's exit status (or 2).
+
+Absolute paths are rewritten in every text file of the three parts: /tests →
+/workspace/.harbor-tests, /solution → /workspace/.harbor-solution, /logs →
+/tmp/harbor-logs and the Dockerfile's final WORKDIR (e.g. /app) → /workspace
+(listed in origin.harbor_rewrites). Limits, recorded in origin.harbor_unsupported:
+the Dockerfile's RUN steps (packages, downloads) are not executed in the sandbox,
+which has the host's Python environment instead; COPY --from and COPYs outside
+the WORKDIR are not reproduced; paths built at run time escape the rewrite;
+docker-compose environments are not supported. Per-test outcomes are not
+reported (the command is not pytest), so fail_to_pass stays empty: the verdict
+is the reward.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import shutil
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tryloop.tasks.model import (
+    _DOCKERFILE,
+    _SOLVE_SH,
+    _TEST_SH,
+    DEFAULT_PROTECTED,
+    Task,
+    TaskMeta,
+    meta_from_harbor,
+    read_files,
+)
+from tryloop.tasks.sources.local import SourceError
+
+HARBOR_TESTS = ".harbor-tests"
+HARBOR_SOLUTION = ".harbor-solution"
+HARBOR_LOGS = "/tmp/harbor-logs"
+VERIFY_SCRIPT = f"{HARBOR_TESTS}/tryloop-verify.sh"
+TEST_COMMAND = f"bash {VERIFY_SCRIPT}"
+_CONTEXT_SKIP = {"Dockerfile", ".dockerignore", "docker-compose.yaml", "docker-compose.yml"}
+
+_VERIFY_SH = f"""#!/bin/bash
+# tryloop: a plain Harbor task's verifier, run in /workspace (see tryloop.tasks.sources.harbor).
+# Harbor's /tests is /workspace/{HARBOR_TESTS}, /solution is /workspace/{HARBOR_SOLUTION},
+# /logs is {HARBOR_LOGS}. Exit 0 when the reward is 1.
+rm -rf {HARBOR_LOGS}
+mkdir -p {HARBOR_LOGS}/verifier {HARBOR_LOGS}/agent
+cd /workspace
+if [ -f /workspace/{HARBOR_SOLUTION}/solve.sh ]; then
+    # The reference solution is Harbor's oracle script: run it as Harbor's oracle agent would.
+    bash /workspace/{HARBOR_SOLUTION}/solve.sh || echo "tryloop: solve.sh exited $?" >&2
+    cd /workspace
+fi
+bash /workspace/{HARBOR_TESTS}/test.sh
+python3 - "$?" <<'PY'
+import json, os, sys
+d, rc = "{HARBOR_LOGS}/verifier", int(sys.argv[1])
+if os.path.exists(d + "/reward.txt"):
+    text = open(d + "/reward.txt").read().strip()
+    try:
+        reward = float(text)
+    except ValueError:
+        sys.exit(f"tryloop: reward.txt is not a number: {{text!r}}")
+elif os.path.exists(d + "/reward.json"):
+    doc = json.load(open(d + "/reward.json"))
+    if isinstance(doc, dict):
+        reward = float(doc["reward"]) if "reward" in doc else min(float(v) for v in doc.values())
+    else:
+        reward = float(doc)
+else:
+    print(f"tryloop: test.sh wrote no reward (exit status {{rc}})", file=sys.stderr)
+    sys.exit(rc or 2)
+print(f"tryloop: reward {{reward}}", file=sys.stderr)
+sys.exit(0 if reward >= 1 else 1)
+PY
+"""
+
+
+# ---- the Dockerfile --------------------------------------------------------------------
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per logical line: continuations joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1].strip() + " "
+            continue
+        buf += line.strip()
+        word, _, args = buf.strip().partition(" ")
+        out.append((word.upper(), args.strip()))
+        buf = ""
+    if buf.strip():
+        word, _, args = buf.strip().partition(" ")
+        out.append((word.upper(), args.strip()))
+    return out
+
+
+def _copy_args(args: str) -> tuple[list[str], list[str]]:
+    """(flags, paths) of a COPY/ADD instruction, shell or JSON form."""
+    words = shlex.split(args)
+    flags = [w for w in words if w.startswith("--")]
+    rest = args.strip()
+    for f in flags:
+        rest = rest.replace(f, "", 1)
+    rest = rest.strip()
+    if rest.startswith("["):
+        try:
+            return flags, [str(p) for p in json.loads(rest)]
+        except json.JSONDecodeError:
+            pass
+    return flags, [w for w in words if not w.startswith("--")]
+
+
+def _final_workdir(instrs: list[tuple[str, str]]) -> str | None:
+    wd: str | None = None
+    for word, args in instrs:
+        if word == "WORKDIR" and args:
+            wd = posixpath.normpath(posixpath.join(wd or "/", shlex.split(args)[0]))
+    return wd
+
+
+def _copied_files(env: Path, instrs: list[tuple[str, str]], workdir: str | None
+                  ) -> tuple[dict[str, Path], list[str], list[str]]:
+    """({workspace path: file in the context}, unsupported notes, COPY lines kept as they are)."""
+    files: dict[str, Path] = {}
+    notes: list[str] = []
+    kept: list[str] = []
+    wd: str | None = None
+    for word, args in instrs:
+        if word == "WORKDIR" and args:
+            wd = posixpath.normpath(posixpath.join(wd or "/", shlex.split(args)[0]))
+        if word not in ("COPY", "ADD"):
+            continue
+        flags, paths = _copy_args(args)
+        line = f"{word} {args}"
+        if any(f.startswith("--from") for f in flags) or len(paths) < 2 or workdir is None:
+            notes.append(f"not reproduced: {line}")
+            kept.append(line)
+            continue
+        *srcs, dst = paths
+        dst_abs = posixpath.normpath(posixpath.join(wd or "/", dst))
+        rel = posixpath.relpath(dst_abs, workdir)
+        if rel == ".." or rel.startswith("../"):
+            notes.append(f"outside the workdir, not in the workspace: {line}")
+            kept.append(line)
+            continue
+        as_dir = dst.endswith("/") or len(srcs) > 1
+        for src in srcs:
+            if "://" in src:
+                notes.append(f"remote source not fetched: {line}")
+                continue
+            matches = [env] if src in (".", "./") else sorted(env.glob(src.lstrip("/")))
+            for m in matches:
+                if m.is_dir():
+                    as_dir = True
+                    for f in sorted(m.rglob("*")):
+                        if f.is_file() and not (m == env and f.relative_to(env).as_posix() in _CONTEXT_SKIP):
+                            files[posixpath.normpath(posixpath.join(rel, f.relative_to(m).as_posix()))] = f
+                elif m.is_file():
+                    target = posixpath.join(rel, m.name) if as_dir else rel
+                    files[posixpath.normpath(target)] = m
+    return files, notes, kept
+
+
+def _tryloop_dockerfile(instrs: list[tuple[str, str]], kept: list[str], rewrite) -> str:
+    """The original Dockerfile with the workspace COPYs replaced by `COPY workspace /workspace`
+    and WORKDIR /workspace (RUN and other steps kept, with paths rewritten)."""
+    lines: list[str] = []
+    copied = False
+    for word, args in instrs:
+        line = f"{word} {args}"
+        if word in ("COPY", "ADD") and line not in kept:
+            if not copied:
+                lines.append("COPY workspace /workspace")
+                copied = True
+        elif word == "WORKDIR":
+            lines.append("WORKDIR /workspace")
+        elif word in ("COPY", "ADD"):
+            lines.append(line)
+        else:
+            lines.append(rewrite(line))
+    if not copied:
+        lines += ["COPY workspace /workspace"]
+    if not lines or not lines[0].startswith(("FROM", "ARG")):
+        lines.insert(0, "FROM python:3.11-slim")
+    if lines[-1] != "WORKDIR /workspace":
+        lines.append("WORKDIR /workspace")
+    return "# Generated by tryloop from the task's original Dockerfile (see origin.harbor_*).\n" + \
+        "\n".join(lines) + "\n"
+
+
+# ---- import ------------------------------------------------------------------------------
+
+def _rewriter(mapping: dict[str, str]):
+    keys = sorted(mapping, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w.~/$-])(" + "|".join(re.escape(k) for k in keys)
+                         + r")(?=[/\s\"'`;:),|&<>}\]]|$)", re.M)
+
+    def rewrite(text: str) -> str:
+        return pattern.sub(lambda m: mapping[m.group(1)], text)
+    return rewrite
+
+
+def _rewrite_files(files: dict[str, bytes], rewrite, changed: list[str], prefix: str) -> dict[str, bytes]:
+    out = {}
+    for rel, data in files.items():
+        if b"\0" not in data:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                new = rewrite(text)
+                if new != text:
+                    changed.append(f"{prefix}{rel}")
+                    data = new.encode("utf-8")
+        out[rel] = data
+    return out
+
+
+def _memory_mb(env: dict[str, Any]) -> int | None:
+    if isinstance(env.get("memory_mb"), int | float):
+        return int(env["memory_mb"])
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG])?i?[bB]?\s*", str(env.get("memory", "")))
+    if not m:
+        return None
+    scale = {"k": 1 / 1024, "m": 1, "g": 1024, None: 1 / (1 << 20)}[(m.group(2) or "").lower() or None]
+    return max(64, int(float(m.group(1)) * scale))
+
+
+def import_harbor(src: str | Path, dest: str | Path) -> Task:
+    """Import the Harbor task directory `src` as a tryloop task at `dest` (see the module doc).
+
+    A directory that already has [metadata.tryloop] is copied as it is."""
+    src, dest = Path(src), Path(dest)
+    try:
+        doc = tomllib.loads((src / "task.toml").read_text())
+    except FileNotFoundError:
+        raise SourceError(f"{src}: not a Harbor task (no task.toml)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SourceError(f"{src}/task.toml: invalid TOML: {e}") from None
+    if dest.resolve() == src.resolve() or dest.resolve().is_relative_to(src.resolve()):
+        raise SourceError(f"{dest}: must lie outside the task being imported")
+    if "tryloop" in doc.get("metadata", {}):
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(src, dest, symlinks=True)
+        return Task.load(dest)
+    try:
+        instruction = (src / "instruction.md").read_text()
+    except FileNotFoundError:
+        raise SourceError(f"{src}: missing instruction.md") from None
+    if not (src / "tests" / "test.sh").is_file():
+        raise SourceError(f"{src}: missing tests/test.sh (Harbor's verifier entry point)")
+    env = src / "environment"
+    if (env / "docker-compose.yaml").exists() or (env / "docker-compose.yml").exists():
+        raise SourceError(f"{src}: docker-compose environments are not supported")
+    dockerfile = (env / "Dockerfile").read_text() if (env / "Dockerfile").is_file() else ""
+    instrs = _instructions(dockerfile)
+    workdir = _final_workdir(instrs)
+    notes = [f"RUN not executed in the sandbox: {args}" for word, args in instrs if word == "RUN"]
+    if (env / "workspace").is_dir():
+        workspace = read_files(env / "workspace")
+        kept = [f"{w} {a}" for w, a in instrs if w in ("COPY", "ADD")
+                and not re.match(r"^(--\S+\s+)*\.?/?workspace/?\s", a)]
+        mapping_source = "environment/workspace/"
+    else:
+        copied, copy_notes, kept = _copied_files(env, instrs, workdir)
+        notes += copy_notes
+        if copied:
+            workspace = {rel: path.read_bytes() for rel, path in copied.items()}
+            mapping_source = "Dockerfile COPY"
+        else:
+            workspace = {rel: data for rel, data in read_files(env).items() if rel not in _CONTEXT_SKIP}
+            mapping_source = "environment/ files"
+    mapping = {"/tests": f"/workspace/{HARBOR_TESTS}", "/solution": f"/workspace/{HARBOR_SOLUTION}",
+               "/logs": HARBOR_LOGS}
+    if workdir and workdir not in ("/", "/workspace"):
+        mapping[workdir] = "/workspace"
+    rewrite = _rewriter(mapping)
+    changed: list[str] = []
+    workspace = _rewrite_files(workspace, rewrite, changed, "workspace/")
+    tests = _rewrite_files(read_files(src / "tests"), rewrite, changed, "tests/")
+    solution = _rewrite_files(read_files(src / "solution"), rewrite, changed, "solution/")
+    hidden = {f"{HARBOR_TESTS}/{rel}": data for rel, data in tests.items()}
+    hidden[VERIFY_SCRIPT] = _VERIFY_SH.encode()
+    has_solve = "solve.sh" in solution
+    reference = {f"{HARBOR_SOLUTION}/{rel}": data for rel, data in solution.items()} if has_solve else None
+    if not has_solve and solution:
+        notes.append("solution/ has no solve.sh: no reference solution imported")
+
+    fields = meta_from_harbor(src, doc)
+    hw = doc.get("environment", {})
+    fields.update(
+        test_command=TEST_COMMAND,
+        protected_paths=[*DEFAULT_PROTECTED, f"{HARBOR_TESTS}/", f"{HARBOR_SOLUTION}/"],
+        origin={"harbor_source": str(src.resolve()), "harbor_workspace_from": mapping_source,
+                "harbor_workdir": workdir or "", "harbor_solve": has_solve,
+                "harbor_rewrites": {"paths": mapping, "files": sorted(changed)},
+                "harbor_unsupported": notes})
+    if isinstance(doc.get("agent", {}).get("timeout_sec"), int | float):
+        fields["agent_timeout_s"] = float(doc["agent"]["timeout_sec"])
+    if isinstance(hw.get("cpus"), int | float) and hw["cpus"] > 0:
+        fields["cpus"] = float(hw["cpus"])
+    if (mem := _memory_mb(hw)) is not None:
+        fields["memory_mb"] = mem
+    try:
+        meta = TaskMeta.model_validate(fields)
+    except ValueError as e:
+        raise SourceError(f"{src}/task.toml: {e}") from None
+    task = Task.create(dest, meta, instruction, workspace=workspace, tests=hidden, solution=reference)
+    # Keep the task's own Harbor sections (authors, keywords...); ours are laid over them.
+    task._harbor = {k: v for k, v in doc.items() if k != "version"}
+    task.save_meta()
+    (dest / "environment" / "Dockerfile").write_text(_tryloop_dockerfile(instrs, kept, rewrite))
+    for line in kept:  # COPYs left as they were need their sources in the build context
+        _, paths = _copy_args(line.partition(" ")[2])
+        for p in paths[:-1]:
+            if p in (".", "./") or "://" in p:
+                continue
+            for m in env.glob(p.lstrip("/")):
+                target = dest / "environment" / m.relative_to(env)
+                if m.is_dir():
+                    shutil.copytree(m, target, symlinks=True, dirs_exist_ok=True)
+                elif m.is_file() and not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(m, target)
+    return Task.load(dest)
+
+
+# ---- export ------------------------------------------------------------------------------
+
+_COPY_WS_RE = re.compile(r"^\s*COPY\s+(--\S+\s+)*\.?/?workspace/?\s+/workspace/?\s*$", re.M | re.I)
+
+
+def export_harbor(task: Task, dest: str | Path) -> Path:
+    """Write `task` as a Harbor task directory at `dest` (replaced if it exists); return `dest`."""
+    dest = Path(dest)
+    if dest.resolve() == task.root.resolve() or dest.resolve().is_relative_to(task.root.resolve()):
+        raise SourceError(f"{dest}: must lie outside the task {task.root}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(task.root, dest, symlinks=True,
+                    ignore=shutil.ignore_patterns(".task.toml.tmp", "__pycache__", "*.pyc"))
+    (dest / "environment" / "workspace").mkdir(parents=True, exist_ok=True)
+    dockerfile = dest / "environment" / "Dockerfile"
+    if not dockerfile.is_file() or not _COPY_WS_RE.search(dockerfile.read_text()):
+        dockerfile.write_text(_DOCKERFILE)
+    for path, text in ((dest / "tests" / "test.sh", _TEST_SH.format(command=task.meta.test_command)),
+                       (dest / "solution" / "solve.sh", _SOLVE_SH)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+    return dest

@@ -1,0 +1,185 @@
+"""SWE-bench-style instances as repository-level tasks.
+
+An instance is a dict with `instance_id`, `repo` ("owner/name"), `base_commit`,
+`problem_statement`, `patch` (the gold fix, a unified diff), `test_patch` (a
+unified diff adding or changing tests), `FAIL_TO_PASS` and `PASS_TO_PASS`
+(lists of test ids, or JSON strings of lists, as SWE-bench ships them).
+`repo_dir` is a local checkout of the repository (there is no network): when it
+is a git repository and the instance names a `base_commit`, the base state is
+that commit (cloned, so `repo_dir` is never modified); otherwise `repo_dir` is
+taken as the base state as it is.
+
+The task:
+
+    workspace   the base state exactly (test files too, as the base has them)
+    tests       every file the test patch adds or changes, with its content after the patch;
+                laid over the workspace only to judge
+    solution    every file the gold patch adds or changes, with its content after the patch
+    instruction the problem statement
+
+Patches are applied with `git apply` to a scratch copy, and which files they
+touch is read back from git, so renames, new files and binary patches count.
+Deletions cannot be expressed by file overlays: files the test patch deletes
+stay in the workspace and files the gold patch deletes stay in the solved
+state; both are listed in `origin` (`test_patch_deletes`, `patch_deletes`).
+
+Test ids are taken as pytest node ids (`path::test`), which is what tryloop's
+test runner reports. The default test command runs the test files those ids
+name (or, failing that, the Python files the test patch touches); pass
+`test_command` (or put `test_command` in the instance) for anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tryloop.tasks.model import Task, TaskMeta, _slugify
+from tryloop.tasks.project import ignored
+from tryloop.tasks.sources.local import GIT_IDENTITY, SourceError, clone_at, git, is_src_layout
+
+REQUIRED = ("instance_id", "repo", "problem_statement", "patch", "test_patch")
+
+
+def _test_list(value: Any, field: str, instance_id: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError:
+            raise SourceError(f"{instance_id}: {field} is neither a list nor a JSON list") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SourceError(f"{instance_id}: {field} must be a list of test ids")
+    return list(value)
+
+
+def normalize_instance(instance: dict[str, Any]) -> dict[str, Any]:
+    """Check the required keys; FAIL_TO_PASS / PASS_TO_PASS become lists."""
+    iid = str(instance.get("instance_id", "<no instance_id>"))
+    missing = [k for k in REQUIRED if not isinstance(instance.get(k), str)]
+    if missing:
+        raise SourceError(f"instance {iid}: missing or non-string {', '.join(missing)}")
+    out = dict(instance)
+    out["FAIL_TO_PASS"] = _test_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid)
+    out["PASS_TO_PASS"] = _test_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid)
+    return out
+
+
+def load_instances(path: str | Path) -> list[dict[str, Any]]:
+    """Instances from a JSON file (one object or a list) or a JSONL file (one object a line)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+        items = doc if isinstance(doc, list) else [doc]
+    except json.JSONDecodeError:
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise SourceError(f"{path}:{n}: invalid JSON: {e}") from None
+    if not all(isinstance(i, dict) for i in items):
+        raise SourceError(f"{path}: instances must be JSON objects")
+    return [normalize_instance(i) for i in items]
+
+
+def _copy_base(repo_dir: Path, base_commit: str | None, dest: Path) -> str | None:
+    """Lay the base state into `dest` (a fresh directory); return the commit used, if any."""
+    if (repo_dir / ".git").exists() and base_commit:
+        commit = clone_at(repo_dir, base_commit, dest)
+        shutil.rmtree(dest / ".git")
+        return commit
+    shutil.copytree(repo_dir, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    return None
+
+
+def _changed_by(scratch: Path, patch: str, what: str, instance_id: str) -> tuple[dict[str, bytes], list[str]]:
+    """Apply `patch` in the scratch repository; return ({changed path: new bytes}, [deleted paths])
+    and put the scratch tree back to its commit."""
+    patch_file = scratch / ".git" / "tryloop.patch"
+    patch_file.write_text(patch if patch.endswith("\n") else patch + "\n")
+    try:
+        git(["apply", "--whitespace=nowarn", str(patch_file)], cwd=scratch)
+    except SourceError as e:
+        raise SourceError(f"{instance_id}: the {what} does not apply to the base state: {e}") from None
+    # Staged with --force, so files a .gitignore names count too.
+    git(["add", "--all", "--force", "."], cwd=scratch)
+    out = git(["diff", "--cached", "--name-status", "--no-renames", "-z", "HEAD"], cwd=scratch)
+    fields = [f for f in out.split("\0") if f]
+    changed: dict[str, bytes] = {}
+    deleted: list[str] = []
+    for status, rel in zip(fields[0::2], fields[1::2], strict=True):
+        if status.startswith("D"):
+            deleted.append(rel)
+        else:
+            changed[rel] = (scratch / rel).read_bytes()
+    git(["reset", "--quiet", "--hard"], cwd=scratch)
+    git(["clean", "--quiet", "-f", "-d", "-x"], cwd=scratch)
+    return changed, sorted(deleted)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink() and not ignored(p.relative_to(root).as_posix())}
+
+
+def default_test_command(base: Path, test_ids: Iterable[str], test_files: Iterable[str]) -> str:
+    files = sorted({t.split("::", 1)[0] for t in test_ids if "::" in t})
+    if not files:
+        files = sorted(f for f in test_files if f.endswith(".py"))
+    words = ["python3", "-m", "pytest", "-q"]
+    if is_src_layout(base):
+        words += ["-o", "pythonpath=src"]
+    return shlex.join(words + files)
+
+
+def task_from_instance(instance: dict[str, Any], repo_dir: str | Path, dest: str | Path, *,
+                       test_command: str | None = None, tier: str | None = None) -> Task:
+    """Write the instance as a task at `dest` (see the module doc for the layout)."""
+    inst = normalize_instance(instance)
+    iid = inst["instance_id"]
+    repo_dir = Path(repo_dir)
+    if not repo_dir.is_dir():
+        raise SourceError(f"{iid}: repository directory {repo_dir} does not exist")
+    with tempfile.TemporaryDirectory(prefix="swebench-") as tmp:
+        base = Path(tmp) / "base"
+        commit = _copy_base(repo_dir, inst.get("base_commit"), base)
+        workspace = _files(base)
+        # A scratch repository of the base state, to apply the patches to and read back from.
+        git(["init", "--quiet", "--template=", "--initial-branch=base"], cwd=base)
+        git(["add", "--all", "--force", "."], cwd=base)
+        git(["commit", "--quiet", "--no-verify", "--no-gpg-sign", "--allow-empty", "-m", "base"], cwd=base,
+            env=GIT_IDENTITY)
+        tests, test_deletes = _changed_by(base, inst["test_patch"], "test patch", iid)
+        solution, patch_deletes = _changed_by(base, inst["patch"], "gold patch", iid)
+        shutil.rmtree(base / ".git")
+        f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
+        command = test_command or inst.get("test_command") or default_test_command(base, [*f2p, *p2p], tests)
+    if not solution:
+        raise SourceError(f"{iid}: the gold patch changes no file")
+    slug = _slugify(iid)
+    origin: dict[str, Any] = {"instance_id": iid, "repo": inst["repo"],
+                              "base_commit": commit or inst.get("base_commit") or "",
+                              "test_patch_files": sorted(tests), "patch_files": sorted(solution)}
+    for key in ("version", "environment_setup_commit", "created_at"):
+        if inst.get(key):
+            origin[key] = inst[key]
+    if test_deletes:
+        origin["test_patch_deletes"] = test_deletes
+    if patch_deletes:
+        origin["patch_deletes"] = patch_deletes
+    first_line = next((ln.strip() for ln in inst["problem_statement"].splitlines() if ln.strip()), iid)
+    meta = TaskMeta(id=f"swebench/{slug}", family=slug, project=_slugify(inst["repo"].replace("/", "__")),
+                    source="swebench", description=first_line[:200], tier=tier,
+                    tags=["swebench", "repo-level"], test_command=command, fail_to_pass=f2p,
+                    pass_to_pass=p2p, origin=origin)
+    return Task.create(dest, meta, inst["problem_statement"], workspace=workspace, tests=tests,
+                       solution=solution)

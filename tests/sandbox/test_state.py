@@ -1,0 +1,345 @@
+"""Sandbox state: reset to the snapshot, freeze into a new snapshot, fork, lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from tryloop.config import SandboxConfig, SandboxLimits
+from tryloop.errors import SandboxClosed
+from tryloop.sandbox.layers import tree_digest
+
+FILES = {
+    "README.md": "# demo\n",
+    "src/app.py": "print('app')\n",
+    "src/util.py": "X = 1\n",
+    "data/table.csv": "a,b\n1,2\n",
+    "run.sh": "#!/bin/sh\necho run\n",
+}
+
+
+def ws_digest(sb) -> str:
+    return tree_digest(sb.root_dir() / "workspace")
+
+
+@pytest.fixture
+def snap(runtime):
+    return runtime.workspace_snapshot(FILES)
+
+
+@pytest.fixture
+async def sb(runtime, snap, small_config):
+    s = await runtime.create(snap, small_config)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _comms(sb) -> list[str]:
+    res = await sb.exec("cat /proc/[0-9]*/comm")
+    return res.text().split()
+
+
+# ---- reset -------------------------------------------------------------------------------
+
+
+async def test_reset_restores_byte_identical_workspace(sb):
+    before = ws_digest(sb)
+    res = await sb.exec(
+        "set -e\n"
+        "echo changed >> README.md\n"          # modify
+        "echo new > new.txt; mkdir -p a/b/c; echo deep > a/b/c/d\n"  # create
+        "rm src/util.py\n"                      # delete
+        "rm -r data\n"                          # delete a directory
+        "chmod 600 run.sh; chmod 700 src\n"     # chmod
+        "rm src/app.py; ln -s ../README.md src/app.py\n"  # file replaced by a symlink
+    )
+    assert res.ok, res.text("stderr")
+    sb.write_file("api.txt", "via file api")
+    changed = ws_digest(sb)
+    assert changed != before
+    await sb.reset()
+    assert ws_digest(sb) == before
+    assert sb.read_file("README.md") == FILES["README.md"].encode()
+    assert sb.stat("src/app.py").type == "file"
+    assert not sb.files.exists("new.txt")
+    assert not sb.files.exists("api.txt")
+    assert sb.files.exists("data/table.csv")
+    assert sb.resets == 1
+
+
+async def test_reset_digest_matches_a_fresh_sandbox(runtime, snap, small_config, sb):
+    await sb.exec("echo x > junk; rm -rf src")
+    await sb.reset()
+    async with await runtime.create(snap, small_config) as fresh:
+        assert ws_digest(fresh) == ws_digest(sb)
+
+
+async def test_reset_kills_background_processes(sb):
+    proc = await sb.start(["sleep", "1000"])
+    await sb.exec("setsid sleep 999 > /dev/null 2>&1 < /dev/null &")  # detached, untracked
+    await sb.exec("(sleep 998 &) ; true")
+    comms = await _comms(sb)
+    assert comms.count("sleep") == 3
+    await sb.reset()
+    res = await proc.wait()
+    assert res.signal == signal.SIGKILL
+    assert not res.timed_out
+    assert "sleep" not in await _comms(sb)
+
+
+async def test_reset_reports_killed_by_reset(sb):
+    proc = await sb.start(["sleep", "1000"])
+    await asyncio.sleep(0.05)
+    await sb.reset()
+    res = await proc.wait()
+    assert res.killed_by_reset
+
+
+async def test_reset_restores_tmp_home_and_shm(sb):
+    res = await sb.exec("echo t > /tmp/t; echo h > ~/.bashrc; mkdir ~/.cache; echo s > /dev/shm/s")
+    assert res.ok, res.text("stderr")
+    await sb.reset()
+    res = await sb.exec("ls -A /tmp /home/agent /dev/shm")
+    assert res.text().split() == ["/dev/shm:", "/home/agent:", "/tmp:"]
+
+
+async def _shm_keys(sb) -> set[int]:
+    lines = (await sb.exec("cat /proc/sysvipc/shm")).text().splitlines()[1:]
+    return {int(line.split()[0]) for line in lines if line.strip()}
+
+
+async def test_reset_drops_ipc_objects(sb):
+    # A System V shared memory segment lives in the IPC namespace: a reset must drop it.
+    code = "import ctypes; libc = ctypes.CDLL(None); print(libc.shmget(0x7711, 4096, 0o1666))"
+    res = await sb.exec(["python3", "-c", code])
+    assert int(res.text()) >= 0
+    assert 0x7711 in await _shm_keys(sb)
+    await sb.reset()
+    assert 0x7711 not in await _shm_keys(sb)
+
+
+async def test_reset_fifty_times_stays_healthy(sb):
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for i in range(50):
+        sb.write_file(f"iter{i}.txt", str(i))
+        await sb.start(["sleep", "1000"])
+        await sb.reset()
+        assert not sb.files.exists(f"iter{i}.txt")
+    assert sb.resets == 50
+    assert sb.alive
+    assert await sb.ping()
+    res = await sb.exec("ls; echo ok")
+    assert res.ok
+    assert sorted(res.text().split()) == sorted([*{p.split("/")[0] for p in FILES}, "ok"])
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+
+
+async def test_reset_after_output_limits_and_timeouts(sb):
+    res = await sb.exec("sleep 30", timeout=0.2)
+    assert res.timed_out
+    await sb.reset()
+    assert (await sb.exec("echo fine")).text() == "fine\n"
+
+
+# ---- snapshot_state / fork -----------------------------------------------------------------
+
+
+async def test_snapshot_state_captures_modifications_and_deletions(runtime, sb, small_config):
+    res = await sb.exec(
+        "set -e\n"
+        "echo v2 > README.md\n"
+        "rm src/util.py\n"
+        "rm -r data && mkdir data && echo fresh > data/other.csv\n"  # re-created dir: opaque
+        "echo brand-new > new.txt\n"
+        "chmod 755 run.sh\n"
+    )
+    assert res.ok, res.text("stderr")
+    parent_digest = ws_digest(sb)
+    new = await sb.snapshot_state({"note": "test"})
+    assert new.id != sb.snapshot.id
+    assert new.image == sb.snapshot.image
+    assert runtime.store.load_snapshot(new.id) == new
+    async with await runtime.create(new, small_config) as child:
+        assert ws_digest(child) == parent_digest
+        assert child.read_file("README.md") == b"v2\n"
+        assert child.read_file("new.txt") == b"brand-new\n"
+        # Whiteouts: deleted files of the base snapshot stay deleted in the child.
+        assert not child.files.exists("src/util.py")
+        assert child.files.exists("src/app.py")
+        # Opaque directory: the old contents of a re-created directory stay hidden.
+        assert {e.name for e in child.list_dir("data")} == {"other.csv"}
+        assert child.stat("run.sh").mode == 0o755
+        # A reset of the child returns to the new snapshot, deletions included.
+        await child.exec("echo again > src/util.py; rm new.txt")
+        await child.reset()
+        assert ws_digest(child) == parent_digest
+        assert not child.files.exists("src/util.py")
+
+
+async def test_snapshot_state_leaves_parent_running_and_unchanged(sb):
+    proc = await sb.start("echo begin; sleep 1000")
+    sb.write_file("state.txt", "1")
+    before = ws_digest(sb)
+    original = sb.snapshot
+    new = await sb.snapshot_state()
+    assert ws_digest(sb) == before
+    assert not proc.done
+    assert sb.snapshot == original  # the parent still resets to its own snapshot
+    assert (await sb.exec("cat state.txt")).text() == "1"
+    proc.kill()
+    res = await proc.wait()
+    assert res.signal == signal.SIGKILL
+    assert res.stdout == b"begin\n"
+    await sb.reset()
+    assert not sb.files.exists("state.txt")
+    assert new.id != original.id
+
+
+async def test_snapshot_of_a_child_chains_layers(runtime, sb, small_config):
+    sb.write_file("gen1.txt", "1")
+    s1 = await sb.snapshot_state()
+    async with await runtime.create(s1, small_config) as c1:
+        await c1.exec("echo 2 > gen2.txt; rm gen1.txt")
+        s2 = await c1.snapshot_state()
+        assert len(s2.layers) == len(s1.layers) + 1
+        async with await runtime.create(s2, small_config) as c2:
+            assert c2.read_file("gen2.txt") == b"2\n"
+            assert not c2.files.exists("gen1.txt")
+            assert c2.read_file("README.md") == FILES["README.md"].encode()
+
+
+async def test_unchanged_state_gives_the_same_snapshot_id(sb):
+    sb.write_file("x.txt", "x")
+    a = await sb.snapshot_state()
+    b = await sb.snapshot_state()
+    assert a.id == b.id
+
+
+async def test_fork_gives_independent_children(sb):
+    sb.write_file("shared.txt", "parent")
+    await sb.exec("rm src/util.py")
+    parent_digest = ws_digest(sb)
+    children = await sb.fork(3)
+    try:
+        assert len(children) == 3
+        assert len({c.id for c in children} | {sb.id}) == 4
+        assert len({c.init_pid for c in children}) == 3
+        for c in children:
+            assert c.alive
+            assert ws_digest(c) == parent_digest
+            assert c.read_file("shared.txt") == b"parent"
+            assert not c.files.exists("src/util.py")
+        for i, c in enumerate(children):
+            res = await c.exec(f"echo child{i} > shared.txt; echo {i} > own{i}.txt")
+            assert res.ok
+        for i, c in enumerate(children):
+            assert c.read_file("shared.txt") == f"child{i}\n".encode()
+            names = {e.name for e in c.list_dir()}
+            assert {n for n in names if n.startswith("own")} == {f"own{i}.txt"}
+        assert sb.read_file("shared.txt") == b"parent"
+        assert ws_digest(sb) == parent_digest
+        # Processes are separate too.
+        p = await children[0].start(["sleep", "1000"])
+        assert "sleep" not in await _comms(children[1])
+        assert "sleep" not in await _comms(sb)
+        p.kill()
+        await p.wait()
+    finally:
+        for c in children:
+            await c.close()
+
+
+async def test_fork_of_a_fork(sb):
+    sb.write_file("gen.txt", "parent")
+    (child,) = await sb.fork(1)
+    try:
+        await child.exec("echo child > gen.txt; echo c > child-only.txt")
+        (grandchild,) = await child.fork()
+        try:
+            assert grandchild.read_file("gen.txt") == b"child\n"
+            assert grandchild.read_file("child-only.txt") == b"c\n"
+            await grandchild.exec("echo grandchild > gen.txt")
+            assert child.read_file("gen.txt") == b"child\n"
+            assert sb.read_file("gen.txt") == b"parent"
+            # The grandchild's reset goes to the child's state at fork time.
+            await grandchild.reset()
+            assert grandchild.read_file("gen.txt") == b"child\n"
+        finally:
+            await grandchild.close()
+    finally:
+        await child.close()
+
+
+async def test_fork_rejects_n_below_one(sb):
+    with pytest.raises(ValueError):
+        await sb.fork(0)
+
+
+async def test_same_content_same_snapshot_id(runtime):
+    a = runtime.workspace_snapshot({"f.txt": "same", "d/g.txt": b"bytes"})
+    b = runtime.workspace_snapshot({"d/g.txt": b"bytes", "f.txt": "same"})
+    assert a.id == b.id
+    assert a == b
+    c = runtime.workspace_snapshot({"f.txt": "different", "d/g.txt": b"bytes"})
+    assert c.id != a.id
+    d = runtime.workspace_snapshot({"f.txt": "same", "d/h.txt": b"bytes"})
+    assert d.id != a.id
+
+
+async def test_same_directory_same_snapshot_id(runtime, project_dir):
+    assert runtime.workspace_snapshot(project_dir).id == runtime.workspace_snapshot(project_dir).id
+
+
+# ---- lifetime ------------------------------------------------------------------------------
+
+
+async def test_lifetime_expires(runtime):
+    cfg = SandboxConfig(limits=SandboxLimits(lifetime_s=1))
+    sb = await runtime.create(None, cfg)
+    try:
+        proc = await sb.start(["sleep", "1000"])
+        deadline = time.monotonic() + 15
+        while sb.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not sb.alive
+        with pytest.raises(SandboxClosed):
+            await sb.exec("true")
+        with pytest.raises(SandboxClosed):
+            await sb.reset()
+        assert not await sb.ping()
+        # The command running at expiry was killed and reported.
+        res = await proc.wait()
+        assert res.signal == signal.SIGKILL
+        assert "expired" in repr(sb)
+    finally:
+        await sb.close()
+    assert sb.id not in runtime.cgroups.list_groups()
+    assert sb not in runtime.live
+
+
+async def test_closed_sandbox_refuses_work(runtime, small_config):
+    sb = await runtime.create(None, small_config)
+    await sb.close()
+    assert not sb.alive
+    with pytest.raises(SandboxClosed):
+        await sb.exec("true")
+    with pytest.raises(SandboxClosed):
+        sb.read_file("/etc/passwd")
+    await sb.close()  # idempotent
+
+
+async def test_lifetime_expiry_reports_killed_by_reset(runtime):
+    cfg = SandboxConfig(limits=SandboxLimits(lifetime_s=1))
+    sb = await runtime.create(None, cfg)
+    try:
+        proc = await sb.start(["sleep", "1000"])
+        res = await asyncio.wait_for(proc.wait(), 15)
+        assert res.killed_by_reset
+    finally:
+        await sb.close()

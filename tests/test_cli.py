@@ -1,0 +1,229 @@
+"""The `tryloop` command, run as a real subprocess against the test session's private store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tryloop.sandbox.layers import Snapshot
+
+TRYLOOP = Path(sys.executable).parent / "tryloop"
+
+
+def tryloop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run([str(TRYLOOP), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def config_file(runtime_config, tmp_path_factory) -> Path:
+    """A YAML that points the CLI at this session's store, state dir and cgroup parent."""
+    path = tmp_path_factory.mktemp("cli") / "tryloop.yaml"
+    path.write_text(yaml.safe_dump({
+        "runtime": {"store_dir": str(runtime_config.store_dir), "state_dir": str(runtime_config.state_dir),
+                    "cgroup_name": runtime_config.cgroup_name},
+        "sandbox": {"limits": {"memory_mb": 256, "pids": 64}},
+    }))
+    return path
+
+
+def test_entry_point_exists():
+    assert TRYLOOP.exists(), f"{TRYLOOP} missing: is the package installed in the venv?"
+    res = tryloop("--help")
+    assert res.returncode == 0
+    assert "sandbox" in res.stdout
+
+
+def test_doctor(config_file):
+    res = tryloop("sandbox", "doctor", "--config", str(config_file))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout + res.stderr
+    assert "seccomp" in out
+    assert "all required isolation features are available" in out
+    assert "live probe" in out
+
+
+def test_doctor_without_live_probe(config_file):
+    res = tryloop("sandbox", "doctor", "--no-live", "--config", str(config_file))
+    assert res.returncode == 0, res.stderr
+    assert "seccomp" in res.stdout + res.stderr
+    assert "live probe" not in res.stdout + res.stderr
+
+
+def test_run_echo(config_file):
+    res = tryloop("sandbox", "run", "--config", str(config_file), "--", "echo", "hi")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "hi\n"
+    assert "exit 0" in res.stderr
+
+
+def test_run_passes_exit_code_and_stderr(config_file):
+    res = tryloop("sandbox", "run", "--config", str(config_file), "--", "sh", "-c", "echo oops >&2; exit 3")
+    assert res.returncode == 3
+    assert "oops" in res.stderr
+    assert res.stdout == ""
+
+
+def test_run_shell_string(config_file):
+    res = tryloop("sandbox", "run", "--shell", "--config", str(config_file), "--", "echo $HOME; id -u")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "/home/agent\n1000\n"
+
+
+def test_run_with_workspace(config_file, project_dir):
+    res = tryloop("sandbox", "run", "--config", str(config_file), "-w", str(project_dir), "--",
+                  "python3", "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "passed" in res.stdout
+
+
+def test_run_timeout_exits_non_zero(config_file):
+    res = tryloop("sandbox", "run", "--timeout", "0.5", "--config", str(config_file), "--", "sleep", "5")
+    assert res.returncode != 0
+    assert res.returncode == 128 + 9
+    assert "timed out" in res.stderr
+
+
+def test_run_no_network_by_default(config_file):
+    res = tryloop("sandbox", "run", "--shell", "--config", str(config_file), "--",
+                  "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["lo"]
+
+
+def test_run_memory_flag_is_a_config_field(config_file):
+    res = tryloop("sandbox", "run", "--memory-mb", "5", "--config", str(config_file), "--", "true")
+    assert res.returncode == 1
+    assert "sandbox.limits.memory_mb" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"sandbox": {"limitz": {"memory_mb": 64}}}, "sandbox.limitz"),
+    ({"sandbox": {"limits": {"memory_mb": -5}}}, "sandbox.limits.memory_mb"),
+    ({"runtime": {"cgroup_name": "no/slashes"}}, "runtime.cgroup_name"),
+    ({"pool": {"size": "many"}}, "pool.size"),
+])
+def test_bad_config_names_field_and_file(tmp_path, bad, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    res = tryloop("sandbox", "run", "--config", str(path), "--", "true")
+    assert res.returncode == 1
+    assert field in res.stderr
+    assert str(path) in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_invalid_yaml_is_reported(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("sandbox: [unclosed\n")
+    res = tryloop("sandbox", "gc", "--config", str(path))
+    assert res.returncode == 1
+    assert str(path) in res.stderr
+    assert "not valid YAML" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_config_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    res = tryloop("sandbox", "run", "--config", str(path), "--", "true")
+    assert res.returncode == 1
+    assert "config file not found" in res.stderr
+    assert str(path) in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_gc_runs(config_file):
+    res = tryloop("sandbox", "gc", "--config", str(config_file))
+    assert res.returncode == 0, res.stderr
+    assert "gc:" in res.stderr
+    assert "record(s)" in res.stderr
+
+
+def test_build_then_cached_then_usable(config_file, runtime, tmp_path):
+    token = uuid.uuid4().hex
+    (tmp_path / "words.txt").write_text(f"alpha\nbeta\n{token}\n")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a.txt").write_text("tree-a")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "base": "host",
+        "env": {"TRYLOOP_IMAGE": "built"},
+        "steps": [
+            {"files": {"/opt/data/words.txt": "./words.txt", "/opt/tree": "tree"}},
+            # Steps run as the image's unprivileged uid, which owns /opt/tryloop.
+            {"run": "wc -l < /opt/data/words.txt > /opt/tryloop/count && echo ready > /opt/tryloop/marker"},
+        ],
+    }))
+    first = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
+    assert first.returncode == 0, first.stderr
+    image_id = first.stdout.strip().splitlines()[-1]
+    assert len(image_id) == 64
+    assert "step 1/2" in first.stderr and "step 2/2" in first.stderr
+    assert "built" in first.stderr
+    assert "cached" not in first.stderr
+
+    second = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip().splitlines()[-1] == image_id
+    assert second.stderr.count("cached") == 2
+    assert "built" not in second.stderr.replace(f"image {image_id}", "")
+
+    # Changing a source file rebuilds from that step on.
+    (tmp_path / "words.txt").write_text(f"alpha\n{token}\n")
+    third = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
+    assert third.returncode == 0, third.stderr
+    assert third.stdout.strip().splitlines()[-1] != image_id
+    assert "cached" not in third.stderr
+
+    import asyncio
+
+    async def check() -> None:
+        async with await runtime.create(Snapshot(image_id)) as sb:
+            assert sb.read_file("/opt/data/words.txt") == f"alpha\nbeta\n{token}\n".encode()
+            assert sb.read_file("/opt/tree/a.txt") == b"tree-a"
+            res = await sb.exec("cat /opt/tryloop/marker /opt/tryloop/count; echo $TRYLOOP_IMAGE; id -u")
+            assert res.text() == "ready\n3\nbuilt\n1000\n"
+            # Writes go to the sandbox's own layer, never into the image.
+            assert (await sb.exec("echo x > /opt/tryloop/marker")).ok
+        async with await runtime.create(Snapshot(image_id)) as sb:
+            assert sb.read_file("/opt/tryloop/marker") == b"ready\n"
+
+    asyncio.run(check())
+
+
+def test_build_failing_step_reports_error(config_file, tmp_path):
+    spec = tmp_path / "fail.yaml"
+    spec.write_text(yaml.safe_dump({"steps": [{"run": "echo about-to-fail >&2; exit 4"}]}))
+    res = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
+    assert res.returncode == 1
+    assert "about-to-fail" in res.stderr
+    assert "exit 4" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_build_bad_spec(config_file, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump({"steps": [{"run": "true", "files": {"/a": "b"}}]}))
+    res = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
+    assert res.returncode == 1
+    assert str(spec) in res.stderr
+    assert "steps.0" in res.stderr
+
+
+def test_build_docstring_example_run_step(runtime, tmp_path):
+    import asyncio
+
+    from tryloop.sandbox.build import build_image, load_spec
+
+    spec = tmp_path / "doc.yaml"
+    # The example in tryloop.sandbox.build's docstring must work as written.
+    spec.write_text('base: host\nsteps:\n  - run: "echo ready > /opt/tryloop/marker"\n')
+    image = asyncio.run(build_image(runtime, load_spec(spec)))
+    assert image.id

@@ -1,0 +1,214 @@
+"""Typed configuration: defaults, YAML loading, errors that name field and file, immutability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from tryloop.cli.main import load_config
+from tryloop.config import (
+    PoolConfig,
+    RuntimeConfig,
+    SandboxConfig,
+    SandboxLimits,
+    TryloopConfig,
+    load_yaml,
+    parse,
+)
+from tryloop.errors import ConfigError, TryloopError
+
+
+def write(tmp_path: Path, data, name: str = "tryloop.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+# ---- defaults ------------------------------------------------------------------------
+
+
+def test_defaults_are_valid():
+    cfg = TryloopConfig()
+    assert cfg.runtime == RuntimeConfig()
+    assert cfg.sandbox.network is False
+    assert cfg.sandbox.uid == 1000 and cfg.sandbox.gid == 1000
+    assert cfg.sandbox.workdir == "/workspace"
+    assert cfg.sandbox.limits.memory_mb == 1024
+    assert cfg.sandbox.limits.cpu_seconds is None
+    assert cfg.sandbox.limits.lifetime_s is None
+    assert cfg.pool.size == 4
+    # Defaults survive a round trip through their own dump.
+    assert TryloopConfig.model_validate(cfg.model_dump()) == cfg
+
+
+# ---- YAML ------------------------------------------------------------------------------
+
+
+def test_load_yaml(tmp_path):
+    path = write(tmp_path, {
+        "runtime": {"store_dir": str(tmp_path / "store"), "state_dir": str(tmp_path / "state"),
+                    "cgroup_name": "tl-x"},
+        "sandbox": {"network": True, "env": {"A": "1"}, "seccomp_extra_deny": ["ptrace"],
+                    "limits": {"memory_mb": 256, "cpus": 0.5, "cpu_seconds": 10, "lifetime_s": 60}},
+        "pool": {"size": 2, "max_live": 8},
+    })
+    cfg = load_yaml(path)
+    assert isinstance(cfg, TryloopConfig)
+    assert cfg.runtime.store_dir == tmp_path / "store"
+    assert isinstance(cfg.runtime.state_dir, Path)
+    assert cfg.runtime.cgroup_name == "tl-x"
+    assert cfg.sandbox.network is True
+    assert cfg.sandbox.env == {"A": "1"}
+    assert cfg.sandbox.seccomp_extra_deny == ["ptrace"]
+    assert cfg.sandbox.limits.memory_mb == 256
+    assert cfg.sandbox.limits.cpus == 0.5
+    assert cfg.sandbox.limits.cpu_seconds == 10
+    assert cfg.sandbox.limits.pids == 256  # untouched fields keep their defaults
+    assert cfg.pool == PoolConfig(size=2, max_live=8)
+
+
+def test_load_yaml_partial_and_empty(tmp_path):
+    assert load_yaml(write(tmp_path, "", "empty.yaml")) == TryloopConfig()
+    assert load_yaml(write(tmp_path, "# only a comment\n", "comment.yaml")) == TryloopConfig()
+    cfg = load_yaml(write(tmp_path, {"pool": {"size": 0}}, "partial.yaml"))
+    assert cfg.pool.size == 0
+    assert cfg.sandbox == SandboxConfig()
+
+
+def test_load_yaml_into_another_model(tmp_path):
+    limits = load_yaml(write(tmp_path, {"memory_mb": 64}), SandboxLimits)
+    assert limits == SandboxLimits(memory_mb=64)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ({"sandbox": {"limitz": {}}}, "sandbox.limitz", "Extra inputs"),
+    ({"sandbox": {"limits": {"memory_mb": -5}}}, "sandbox.limits.memory_mb", "greater than or equal to 16"),
+    ({"sandbox": {"limits": {"pids": 2}}}, "sandbox.limits.pids", "greater than or equal"),
+    ({"sandbox": {"limits": {"cpus": 0}}}, "sandbox.limits.cpus", "greater than 0"),
+    ({"sandbox": {"limits": {"cpu_weight": 20000}}}, "sandbox.limits.cpu_weight", "less than or equal"),
+    ({"sandbox": {"uid": 0}}, "sandbox.uid", "greater than or equal to 1"),
+    ({"sandbox": {"hostname": ""}}, "sandbox.hostname", "at least 1"),
+    ({"sandbox": {"output_limit_bytes": 10}}, "sandbox.output_limit_bytes", "1024"),
+    ({"runtime": {"cgroup_name": "a/b"}}, "runtime.cgroup_name", "pattern"),
+    ({"pool": {"max_live": 0}}, "pool.max_live", "greater than or equal to 1"),
+    ({"pool": {"size": "lots"}}, "pool.size", "integer"),
+    ({"runtim": {}}, "runtim", "Extra inputs"),
+])
+def test_errors_name_field_and_file(tmp_path, data, field, words):
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as exc:
+        load_yaml(path)
+    msg = str(exc.value)
+    assert str(path) in msg
+    assert f"{field}:" in msg
+    assert words in msg
+    assert isinstance(exc.value, TryloopError)
+    assert exc.value.__cause__ is None  # no pydantic chain in front of the user
+
+
+def test_all_errors_are_listed(tmp_path):
+    path = write(tmp_path, {"sandbox": {"uid": 0, "limits": {"memory_mb": 1, "disk_mb": 0}}})
+    msg = str(pytest.raises(ConfigError, load_yaml, path).value)
+    for field in ("sandbox.uid", "sandbox.limits.memory_mb", "sandbox.limits.disk_mb"):
+        assert field in msg
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match="config file not found") as exc:
+        load_yaml(path)
+    assert str(path) in str(exc.value)
+
+
+def test_invalid_yaml(tmp_path):
+    path = write(tmp_path, "sandbox: {network: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as exc:
+        load_yaml(path)
+    assert str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("text, kind", [("- a\n- b\n", "list"), ("42\n", "int"), ("just text\n", "str")])
+def test_top_level_must_be_a_mapping(tmp_path, text, kind):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"top level must be a mapping, got {kind}") as exc:
+        load_yaml(path)
+    assert str(path) in str(exc.value)
+
+
+def test_parse_names_its_source():
+    with pytest.raises(ConfigError, match="invalid configuration in my-source") as exc:
+        parse(SandboxConfig, {"network": "perhaps"}, "my-source")
+    assert "network:" in str(exc.value)
+    assert parse(SandboxConfig, {"network": True}).network is True
+
+
+# ---- frozen ---------------------------------------------------------------------------------
+
+
+def test_models_are_frozen():
+    cfg = TryloopConfig()
+    with pytest.raises(ValidationError):
+        cfg.sandbox = SandboxConfig()  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.sandbox.network = True  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.sandbox.limits.memory_mb = 1  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.runtime.cgroup_name = "x"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.pool.size = 9  # type: ignore[misc]
+    assert cfg == TryloopConfig()
+
+
+def test_changes_go_through_copies():
+    base = SandboxConfig()
+    changed = base.model_copy(update={"network": True})
+    assert changed.network is True
+    assert base.network is False
+    assert hash(RuntimeConfig()) == hash(RuntimeConfig())  # frozen models without dicts are hashable
+
+
+def test_extra_fields_forbidden_in_code_too():
+    with pytest.raises(ValidationError):
+        SandboxLimits(memory=64)  # type: ignore[call-arg]
+
+
+# ---- CLI overrides (dotted field paths) -------------------------------------------------------
+
+
+def test_cli_overrides_apply_on_top_of_file(tmp_path):
+    path = write(tmp_path, {"sandbox": {"limits": {"memory_mb": 256, "pids": 32}}})
+    cfg = load_config(path, {"sandbox.limits.memory_mb": 512, "sandbox.network": None,
+                             "runtime.store_dir": str(tmp_path / "s")})
+    assert cfg.sandbox.limits.memory_mb == 512
+    assert cfg.sandbox.limits.pids == 32
+    assert cfg.sandbox.network is False  # None means "flag not given"
+    assert cfg.runtime.store_dir == tmp_path / "s"
+
+
+def test_cli_overrides_without_file_are_validated():
+    assert load_config(None, {}) == TryloopConfig()
+    with pytest.raises(ConfigError, match="command-line flags") as exc:
+        load_config(None, {"sandbox.limits.exec_timeout_s": -1})
+    assert "sandbox.limits.exec_timeout_s" in str(exc.value)
+
+
+def test_image_spec_errors_name_step_and_file(tmp_path):
+    from tryloop.sandbox.build import load_spec
+
+    path = write(tmp_path, {"steps": [{"run": "true"}, {"pip": ["x"], "run": "y"}]}, "spec.yaml")
+    with pytest.raises(ConfigError) as exc:
+        load_spec(path)
+    assert str(path) in str(exc.value)
+    assert "steps.1" in str(exc.value)
+    assert "exactly one of pip / files / run" in str(exc.value)
+    ok = write(tmp_path, {"steps": [{"files": {"/opt/a": "a"}}]}, "ok.yaml")
+    spec = load_spec(ok)
+    assert spec.source_dir == tmp_path.resolve()
+    assert spec.steps[0].kind == "files"
