@@ -57,7 +57,8 @@ def download_sdist(spec: str, dest: Path, *, timeout: float = 300) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
     try:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "-q", "-d", str(tmp), spec]
+               "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20",
+               "-q", "-d", str(tmp), spec]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
