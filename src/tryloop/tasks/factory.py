@@ -78,7 +78,7 @@ async def admit(runtime: SandboxRuntime, store: TaskStore, task: Task, report: G
     if eval_fraction is not None and task.meta.split is None:
         changes["split"] = assign_split(task.meta.model_copy(update=changes), eval_fraction, seed)
     task.save_meta(task.with_meta(**changes))
-    if any(e.fingerprint == task.fingerprint() for e in store.versions(task.id)):
+    if store.has(task.fingerprint()):  # exact duplicate of a stored task
         report.reject(group, DUPLICATE)
         return None
     report.add(group, result)

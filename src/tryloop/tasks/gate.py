@@ -101,7 +101,10 @@ def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateCo
     res.flaky = sorted(fixed_flaky | broken_flaky)
     passing_fixed = {t for t, o in fixed_ok.items() if o == "passed"} - set(res.flaky)
     if not passing_fixed:
-        res.reason, res.detail = REFERENCE_FAILS, "no test passes with the reference solution"
+        if res.flaky:
+            res.reason, res.detail = FLAKY, f"every test that passes with the reference is flaky: {res.flaky[:5]}"
+        else:
+            res.reason, res.detail = REFERENCE_FAILS, "no test passes with the reference solution"
         return res
     res.fail_to_pass = sorted(t for t in passing_fixed if broken_ok.get(t, "missing") in (*FAILING, "missing"))
     res.pass_to_pass = sorted(t for t in passing_fixed if broken_ok.get(t) == "passed")

@@ -71,24 +71,28 @@ class TaskStore:
     # ---- writing -------------------------------------------------------------
 
     def add(self, task: Task, gate: dict[str, Any] | None = None) -> Entry:
-        """Store a task version (idempotent: the same content is stored once)."""
+        """Store a task version. Content already stored (same fingerprint, whatever the id)
+        is an exact duplicate: the existing entry is returned and nothing is written."""
         fp = task.fingerprint()
+        if self.has(fp):
+            return self.entry(fp)
         dest = f"{self.base}/tasks/{_key(task.id)}/{fp}"
-        if not self.fs.exists(f"{self.base}/index/{fp}.json"):
-            if self.local:
-                tmp = Path(f"{dest}.tmp{time.monotonic_ns()}")
-                shutil.copytree(task.root, tmp, symlinks=True)
-                Path(dest).parent.mkdir(parents=True, exist_ok=True)
-                if Path(dest).exists():
-                    shutil.rmtree(tmp)
-                else:
-                    tmp.rename(dest)
-            else:
-                self.fs.put(str(task.root), dest, recursive=True)
+        if self.local:
+            tmp = Path(f"{dest}.tmp{time.monotonic_ns()}")
+            shutil.copytree(task.root, tmp, symlinks=True)
+            if Path(dest).exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+        else:
+            self.fs.put(str(task.root), dest, recursive=True)
         entry = Entry(task.id, fp, task.meta, time.time(), gate or {})
+        # The index entry is written last: a task is in the store once it is complete.
         self._write_json(f"index/{fp}.json", {"id": task.id, "fingerprint": fp, "added": entry.added,
                                               "gate": entry.gate, "meta": task.meta.model_dump(mode="json")})
         return entry
+
+    def has(self, fingerprint: str) -> bool:
+        return self.fs.exists(f"{self.base}/index/{fingerprint}.json")
 
     def update_meta(self, fingerprint: str, **changes: Any) -> Entry:
         """Change metadata that does not decide grading (split, tier, tags, difficulty)."""
@@ -138,6 +142,9 @@ class TaskStore:
         return out
 
     def entry(self, fingerprint: str) -> Entry:
+        if len(fingerprint) == 64 and self.has(fingerprint):
+            doc = self._read_json(f"index/{fingerprint}.json")
+            return Entry(doc["id"], fingerprint, TaskMeta.model_validate(doc["meta"]), doc["added"], doc.get("gate", {}))
         matches = [e for e in self.entries() if e.fingerprint.startswith(fingerprint)]
         if len(matches) != 1:
             raise TaskNotFound(fingerprint, self.url)
