@@ -9,7 +9,15 @@ import pytest
 from tryloop.assets import CALC_PROJECT
 from tryloop.tasks.dedup import near_duplicate_groups, near_duplicate_key
 from tryloop.tasks.difficulty import static_difficulty
-from tryloop.tasks.gate import BROKEN_PASSES, FLAKY, REFERENCE_FAILS, TOO_SLOW, GateConfig, judge, validate
+from tryloop.tasks.gate import (
+    BROKEN_PASSES,
+    FLAKY,
+    REFERENCE_FAILS,
+    TOO_SLOW,
+    GateConfig,
+    judge,
+    validate,
+)
 from tryloop.tasks.model import Task, TaskError, TaskMeta
 from tryloop.tasks.splits import assign_split, check_leakage, split_group
 from tryloop.tasks.store import TaskNotFound, TaskStore
