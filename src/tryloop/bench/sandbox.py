@@ -45,7 +45,7 @@ __all__ = ["LATENCY_ROWS", "LEAK_CHECKS", "BenchError", "run"]
 #: Keys of the latency rows, in the order they run and print.
 LATENCY_ROWS = ("cold_create", "warm_acquire", "exec_true", "exec_python", "reset", "fork", "teardown")
 #: Counts the leak check reports; every one must be 0.
-LEAK_CHECKS = ("live_sandboxes", "cgroups", "init_processes", "fds", "mounts", "records")
+LEAK_CHECKS = ("live_sandboxes", "cgroups", "init_processes", "zombie_children", "fds", "mounts", "records")
 
 BWRAP_ARGS = [
     "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
@@ -290,6 +290,27 @@ def code_version() -> dict[str, Any]:
     return {"git_head": head, "sandbox_code_modified": bool(dirty)}
 
 
+def zombie_children(comm: str | None = None) -> list[int]:
+    """Exited children of this process nobody has reaped (optionally only those named
+    `comm`). Sandbox inits are children of this process (CLONE_PARENT), so one that
+    close() failed to reap shows up here."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        state, ppid = data[data.rindex(b")") + 2:].split()[:2]
+        if state == b"Z" and int(ppid) == me and (
+                comm is None or data[data.index(b"(") + 1:data.rindex(b")")].decode(errors="replace") == comm):
+            found.append(int(name))
+    return found
+
+
 def spawn_wait(path: str, argv: list[str], env: dict[str, str]) -> float:
     """posix_spawn + waitpid; seconds. Raises BenchError on a non-zero exit."""
     t0 = time.perf_counter()
@@ -456,7 +477,7 @@ class _Bench:
         # Leak baselines before anything of ours exists.
         self._leak_base = {
             "cgroups": set(rt.cgroups.list_groups()), "init_processes": processes_running(rt.init_path),
-            "fds": fd_count(), "mounts": mount_count(),
+            "fds": fd_count(), "mounts": mount_count(), "zombie_children": len(zombie_children()),
         }
         self.tmp = scratch_dir()
         self.host = {
@@ -825,6 +846,7 @@ class _Bench:
                 "live_sandboxes": len(rt.live),
                 "cgroups": len(set(rt.cgroups.list_groups()) - base["cgroups"]),
                 "init_processes": len(processes_running(rt.init_path) - base["init_processes"]),
+                "zombie_children": len(zombie_children()) - base["zombie_children"],
                 "fds": fd_count() - base["fds"],
                 "mounts": mount_count() - base["mounts"],
                 "records": records,

@@ -58,15 +58,6 @@ def _start_time(pid: int) -> int | None:
     return int(data[data.rindex(b")") + 2:].split()[19])
 
 
-def _become_subreaper() -> None:
-    # Each init is double-forked; as a subreaper this process inherits and reaps
-    # them (through their pidfds) instead of leaving zombies to a host pid 1 that
-    # may not reap. If this process dies, they go to the host's init as usual.
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
 def _raise_nofile() -> None:
     # Each live sandbox holds two descriptors (control socket, pidfd).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -102,7 +93,6 @@ class SandboxRuntime:
         self._live: dict[str, Sandbox] = {}
         self._me = (os.getpid(), _start_time(os.getpid()))
         _raise_nofile()
-        _become_subreaper()
         if gc:
             self.gc()
 
@@ -215,6 +205,7 @@ class SandboxRuntime:
             except BaseException as e:
                 reason = sb._dead_reason or f"no answer from init within {timeout}s"
                 sb._detach(reason)
+                sb._release_init()  # kill, reap, close the pidfd
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 raise SandboxError(f"sandbox {sid} failed to start: {reason}") from None

@@ -72,13 +72,36 @@ class Sandbox:
         pid_fut = self._expect(P.R_PID, 0)
         ready_fut = self._expect(P.R_READY, 0)
         try:
-            pid_reply = await asyncio.wait_for(pid_fut, timeout)
-            self.init_pid = pid_reply.pid
-            self._pidfd = os.pidfd_open(self.init_pid)
+            self._adopt(await asyncio.wait_for(asyncio.shield(pid_fut), timeout))
             await asyncio.wait_for(ready_fut, timeout)
         except BaseException:
             ready_fut.cancel()
+            if self._pidfd < 0:
+                self._adopt_late(pid_fut)
             raise
+
+    def _adopt(self, pid_reply: P.Reply) -> None:
+        if self._pidfd < 0:
+            self.init_pid = pid_reply.pid
+            self._pidfd = os.pidfd_open(self.init_pid)
+
+    def _adopt_late(self, pid_fut: asyncio.Future) -> None:
+        """A start that failed or was cancelled before the pid arrived: the init may
+        exist anyway (it is our child), so learn its pid to reap it, not leak it."""
+        if pid_fut.done() and not pid_fut.cancelled() and pid_fut.exception() is None:
+            self._adopt(pid_fut.result())
+            return
+        pid_fut.cancel()
+        if self._sock.fileno() < 0:
+            return
+        self._loop.remove_reader(self._sock.fileno())
+        self._sock.settimeout(1.0)  # the launcher reports the pid microseconds after it starts
+        with contextlib.suppress(OSError):
+            while data := self._sock.recv(P.RSP.size):
+                r = P.Reply.decode(data)
+                if r.op == P.R_PID:
+                    self._adopt(r)
+                    return
 
     @property
     def alive(self) -> bool:
@@ -99,11 +122,21 @@ class Sandbox:
         if self._pidfd >= 0:
             # Closing the socket makes the init kill the sandbox and exit.
             await self._wait_init_exit(5.0)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)  # we are its subreaper
-            os.close(self._pidfd)
-            self._pidfd = -1
+        self._release_init()
         self.runtime._forget(self)
+
+    def _release_init(self) -> None:
+        """Reap the init (a child of this process) and close its pidfd; kill it first if needed."""
+        if self._pidfd < 0:
+            return
+        try:
+            if os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG) is None:
+                _pidfd_kill(self._pidfd)
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+        except (ChildProcessError, OSError):
+            pass
+        os.close(self._pidfd)
+        self._pidfd = -1
 
     async def _wait_init_exit(self, timeout: float) -> None:
         fut = self._loop.create_future()

@@ -9,8 +9,8 @@
  *   init -> host   struct rsp (fixed size)
  *
  * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup
- * (and net unless the sandbox shares the host network), forks, reports the
- * child's host pid and exits. The child is pid 1 of the new pid namespace: it
+ * (and net unless the sandbox shares the host network), clones the init as a
+ * sibling (CLONE_PARENT: a child of the host), reports its host pid and exits. The child is pid 1 of the new pid namespace: it
  * builds a private root (tmpfs staging root holding bind mounts of the image
  * layers, a size-capped tmpfs for the writable layer and the overlay the agent
  * sees), pivots into it and then serves requests until the control socket
@@ -846,7 +846,9 @@ int main(int argc, char **argv) {
     int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
     if (!cfg.net) flags |= CLONE_NEWNET;
     if (unshare(flags) < 0) fatal(S_UNSHARE);
-    pid_t pid = fork();
+    /* CLONE_PARENT: the init becomes a child of the host process (not of this
+     * launcher, which exits now), so the host reaps it through its pidfd. */
+    pid_t pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
     if (pid < 0) fatal(S_FORK);
     if (pid > 0) {
         struct rsp r = {0};
