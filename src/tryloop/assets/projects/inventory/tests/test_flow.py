@@ -11,7 +11,7 @@ CATALOG = [
 
 def test_checkout_flow():
     inv = Inventory()
-    for product, qty in zip(CATALOG, [10, 3, 2]):
+    for product, qty in zip(CATALOG, [10, 3, 2], strict=True):
         inv.add_product(product, qty)
     order = Order("o1")
     order.add(inv.products["PEN-0001"], 4)

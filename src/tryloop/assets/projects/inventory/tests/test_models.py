@@ -1,7 +1,6 @@
 from decimal import Decimal
 
 import pytest
-
 from inventory import Inventory, LineItem, Order, OutOfStock, Product
 
 PEN = Product("PEN-0001", "Pen", Decimal("1.50"), "office")
@@ -96,6 +95,8 @@ def test_inventory_add_and_restock():
     assert inv.available("MUG-0001") == 5
     with pytest.raises(ValueError):
         inv.add_product(PEN, 1)
+    inv.add_product(Product("NEW-0001", "New", Decimal("2.00")))
+    assert inv.available("NEW-0001") == 0
     with pytest.raises(KeyError):
         inv.restock("NOP-0000", 1)
     with pytest.raises(ValueError):
@@ -128,6 +129,7 @@ def test_reserve_is_all_or_nothing():
     assert info.value.sku == "BOO-0001"
     assert info.value.wanted == 4
     assert info.value.available == 3
+    assert str(info.value) == "BOO-0001: wanted 4, only 3 available"
     assert inv.available("PEN-0001") == 10
 
 

@@ -1,8 +1,17 @@
 from decimal import Decimal
 
 import pytest
-
-from inventory import BuyXGetY, FixedOff, Order, PercentOff, Product, Quote, money, parse_coupon, price_order
+from inventory import (
+    BuyXGetY,
+    FixedOff,
+    Order,
+    PercentOff,
+    Product,
+    Quote,
+    money,
+    parse_coupon,
+    price_order,
+)
 
 PEN = Product("PEN-0001", "Pen", Decimal("1.50"), "office")
 BOOK = Product("BOO-0001", "Book", Decimal("12.00"), "books", taxable=False)
@@ -116,6 +125,15 @@ def test_tax_rate_and_untaxed_goods():
     quote = price_order(mugs, tax_rate=Decimal("0.20"))
     assert quote.tax == Decimal("3.30")
     assert quote.total == Decimal("19.80")
+
+
+def test_discount_share_on_small_orders():
+    order = Order("s")
+    order.add(Product("CLP-0001", "Clip", Decimal("0.50")), 1)
+    quote = price_order(order, [FixedOff(Decimal("0.25"))])
+    assert quote.discount == Decimal("0.25")
+    assert quote.tax == Decimal("0.02")
+    assert quote.total == Decimal("0.27")
 
 
 def test_price_empty_order():

@@ -1,8 +1,15 @@
 from decimal import Decimal
 
 import pytest
-
-from inventory import Inventory, Order, Product, ValidationError, check_order, validate_quantity, validate_sku
+from inventory import (
+    Inventory,
+    Order,
+    Product,
+    ValidationError,
+    check_order,
+    validate_quantity,
+    validate_sku,
+)
 from inventory.validation import MAX_QUANTITY
 
 PEN = Product("PEN-0001", "Pen", Decimal("1.50"), "office")
@@ -26,8 +33,9 @@ def test_validate_sku_rejects():
 
 def test_validate_quantity():
     assert validate_quantity(1) == 1
-    assert validate_quantity(MAX_QUANTITY) == MAX_QUANTITY
-    for bad in [0, -1, MAX_QUANTITY + 1, True, 1.0, "3", None]:
+    assert validate_quantity(1000) == 1000
+    assert MAX_QUANTITY == 1000
+    for bad in [0, -1, 1001, True, 1.0, "3", None]:
         with pytest.raises(ValidationError):
             validate_quantity(bad)
 
@@ -57,8 +65,11 @@ def test_check_order_empty_and_quantity_limits():
     inv.add_product(PEN, 5000)
     assert check_order(Order("e"), inv) == ["order is empty"]
     order = Order("big")
-    order.add(PEN, MAX_QUANTITY + 1)
-    assert check_order(order, inv) == [f"PEN-0001: quantity must be at most {MAX_QUANTITY}"]
+    order.add(PEN, 1001)
+    assert check_order(order, inv) == ["PEN-0001: quantity must be at most 1000"]
+    short = Inventory()
+    short.add_product(PEN, 5)
+    assert check_order(order, short) == ["PEN-0001: quantity must be at most 1000"]
 
 
 def test_check_order_counts_reservations():

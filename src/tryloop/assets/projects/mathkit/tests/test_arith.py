@@ -1,5 +1,4 @@
 import pytest
-
 from mathkit import clamp, digit_sum, factorial, fibonacci, fibonacci_sequence, gcd, is_perfect, lcm
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from mathkit import is_prime, prime_factors, primes_up_to
 
 SMALL_PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97]

@@ -1,5 +1,4 @@
 import pytest
-
 from mathkit import mean, median, mode, variance
 
 

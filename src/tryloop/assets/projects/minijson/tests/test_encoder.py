@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from minijson import dumps
 
 
@@ -39,6 +38,8 @@ def test_non_ascii():
     assert dumps("café", ensure_ascii=False) == '"café"'
     assert dumps("\U0001F600", ensure_ascii=False) == '"\U0001F600"'
     assert dumps("~") == '"~"'
+    assert dumps("\uffff") == r'"\uffff"'
+    assert dumps("\U00010000") == r'"\ud800\udc00"'
 
 
 def test_containers_compact():

@@ -1,5 +1,4 @@
 import pytest
-
 from minijson import JSONError, Token, tokenize
 
 
@@ -58,6 +57,10 @@ def test_strings_and_escapes():
     assert tokenize(r'"\u00e9\u20AC"')[0].value == "é€"
     assert tokenize(r'"\ud83d\ude00"')[0].value == "\U0001F600"
     assert tokenize(r'"\ud83d x"')[0].value == "\ud83d x"
+    assert tokenize(r'"\udbff\udfff"')[0].value == "\U0010FFFF"
+    assert tokenize(r'"\ud800\udc00"')[0].value == "\U00010000"
+    assert tokenize(r'"\udc00\udc00"')[0].value == "\udc00\udc00"
+    assert tokenize(r'"\ud800\ue000"')[0].value == "\ud800\ue000"
     assert tokenize('"x" "y"')[1] == Token("string", "y", 4)
 
 
@@ -74,3 +77,4 @@ def test_unexpected_character():
         tokenize('{"a": @}')
     assert info.value.pos == 6
     assert "unexpected character '@'" in str(info.value)
+    assert info.value.msg == "unexpected character '@'"

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from minijson import JSONError, line_col, loads
 
 
@@ -40,9 +39,9 @@ def test_matches_stdlib_on_valid_documents():
         assert loads(doc) == json.loads(doc)
 
 
-def expect_error(text, pos, fragment=None):
+def expect_error(text, pos, fragment=None, **kwargs):
     with pytest.raises(JSONError) as info:
-        loads(text)
+        loads(text, **kwargs)
     assert info.value.pos == pos, (text, info.value)
     if fragment:
         assert fragment in str(info.value)
@@ -76,6 +75,7 @@ def test_errors_at_top_level():
 def test_error_line_and_column():
     err = expect_error('{\n  "a": 1,\n  "b" 2\n}', 18)
     assert (err.line, err.col) == (3, 7)
+    assert err.msg == "expected ':'"
     assert "line 3 column 7 (char 18)" in str(err)
     err = expect_error("[true,\n @]", 8)
     assert (err.line, err.col) == (2, 2)
@@ -89,12 +89,17 @@ def test_line_col():
     assert line_col(text, 3) == (2, 1)
     assert line_col(text, 6) == (3, 1)
     assert line_col(text, 8) == (4, 2)
+    assert line_col("\n\nx", 2) == (3, 1)
+    assert line_col("\nab", 2) == (2, 2)
 
 
 def test_max_depth():
     assert loads("[" * 5 + "]" * 5, max_depth=5) == [[[[[]]]]]
-    expect_error("[" * 6 + "]" * 6, 5, "nesting too deep")
+    expect_error("[" * 6 + "]" * 6, 5, "nesting too deep", max_depth=5)
     with pytest.raises(JSONError):
         loads('{"a": {"b": {}}}', max_depth=2)
     assert loads('{"a": {"b": {}}}', max_depth=3) == {"a": {"b": {}}}
     assert loads("[[1], [2], [3]]", max_depth=2) == [[1], [2], [3]]
+    expect_error("[[1], [[2]]]", 7, "nesting too deep", max_depth=2)
+    assert loads("[" * 100 + "]" * 100) == loads("[" * 100 + "]" * 100, max_depth=100)
+    expect_error("[" * 101 + "]" * 101, 100, "nesting too deep")

@@ -1,5 +1,4 @@
 import pytest
-
 from strutils import (
     caesar,
     camel_to_snake,

@@ -1,5 +1,4 @@
 import pytest
-
 from textstats import char_ngrams, count_ngrams, most_common, ngrams
 
 
@@ -16,7 +15,7 @@ def test_ngrams():
 
 
 def test_count_ngrams():
-    toks = "to be or not to be".split()
+    toks = ["to", "be", "or", "not", "to", "be"]
     assert count_ngrams(toks, 1) == {("to",): 2, ("be",): 2, ("or",): 1, ("not",): 1}
     bigrams = count_ngrams(toks, 2)
     assert bigrams[("to", "be")] == 2

@@ -1,7 +1,6 @@
 import math
 
 import pytest
-
 from textstats import Index, cosine, idf, term_frequency, tfidf
 
 DOCS = [["cat", "sat", "mat"], ["dog", "sat", "log"], ["cat", "cat", "dog"]]
@@ -83,6 +82,11 @@ def test_search_limits_and_misses():
     assert index.search("the and") == []
     assert index.search("RAIN on MONDAY")[0][0] == "weather"
     assert len(index.search("rain")) == 1
+    many = Index()
+    for i in range(5):
+        many.add(f"d{i}", "x " * (i + 1) + "y")
+    assert len(many.search("x")) == 3
+    assert len(many.search("x", k=10)) == 5
 
 
 def test_search_ties_broken_by_id():

@@ -28,6 +28,7 @@ def test_tokenize_apostrophes():
     assert tokenize("end'") == ["end"]
     assert tokenize("rock 'n' roll") == ["rock", "n", "roll"]
     assert tokenize("99's") == ["99", "s"]
+    assert tokenize("mp3's") == ["mp3", "s"]
 
 
 def test_remove_stopwords():
@@ -51,3 +52,4 @@ def test_sentences_punctuation_inside():
     assert sentences("Visit example.com today.  Then\nleave.") == ["Visit example.com today.", "Then\nleave."]
     assert sentences("Trailing text. and more") == ["Trailing text.", "and more"]
     assert sentences("!!! Hi.") == ["!!!", "Hi."]
+    assert sentences("? Next") == ["?", "Next"]

@@ -1,8 +1,9 @@
 """Splitting text into words and sentences."""
 
-STOPWORDS = frozenset(
-    "a an and are as at be but by for from has have in is it its of on or that the this to was were will with".split()
-)
+STOPWORDS = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "in", "is", "it",
+    "its", "of", "on", "or", "that", "the", "this", "to", "was", "were", "will", "with",
+})
 SENTENCE_END = ".!?"
 
 
@@ -13,9 +14,8 @@ def tokenize(text, lowercase=True):
     current = []
     n = len(text)
     for i, ch in enumerate(text):
-        if ch.isalnum():
-            current.append(ch)
-        elif ch == "'" and current and i + 1 < n and text[i + 1].isalpha() and current[-1].isalpha():
+        inner_apostrophe = ch == "'" and current and i + 1 < n and text[i + 1].isalpha() and current[-1].isalpha()
+        if ch.isalnum() or inner_apostrophe:
             current.append(ch)
         elif current:
             tokens.append("".join(current))
