@@ -25,3 +25,16 @@ def sandbox_bench(
 
     cfg = run_cli(load_config, config, {})
     run_cli(run, cfg, quick=quick, density=density, cycles=cycles, out=out, console=console)
+
+
+@app.command("tasks")
+def tasks_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="fewer candidates (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Validated tasks per minute and yield of the task factory (default gate vs K=1)."""
+    from tryloop.bench.tasks import run
+
+    cfg = run_cli(load_config, config, {})
+    run_cli(run, cfg, quick=quick, out=out, console=console)

@@ -81,6 +81,9 @@ def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateCo
     if any(r.timed_out for r in broken + fixed):
         res.reason, res.detail = TIMEOUT, "a test run hit the task's test timeout"
         return res
+    if not fixed:  # validate() stopped after a first broken run that failed nothing
+        res.reason, res.detail = BROKEN_PASSES, "no test fails on the broken state (a do-nothing attempt would pass)"
+        return res
     if res.max_test_s > cfg.time_budget_s:
         res.reason, res.detail = TOO_SLOW, f"slowest run {res.max_test_s:.1f}s > budget {cfg.time_budget_s:.0f}s"
         return res
@@ -130,15 +133,25 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
+    # A run may not take much longer than the budget: a mutant that loops forever
+    # is cut off there instead of at the task's full test timeout.
+    limit = cfg.time_budget_s * 1.5
+
     async def one(with_solution: bool) -> TestRun:
         async with sem:
-            return await run_tests(runtime, task, with_solution=with_solution, snapshot=snap)
+            return await run_tests(runtime, task, with_solution=with_solution, snapshot=snap, timeout=limit)
 
     try:
-        runs = await asyncio.gather(*(one(s) for s in [True] * cfg.k + [False] * cfg.k))
+        # One broken run first: most candidates that fail the gate fail here (the
+        # broken state passes, or hangs), and the other 2K-1 runs are saved.
+        first = await one(False)
+        if first.timed_out or (first.reported and not any(o in FAILING for o in first.outcomes.values())) \
+                or (not first.reported and first.exit_code == 0):
+            return judge(task.id, [first], [], cfg, pytest_reports=is_pytest(task.meta.test_command))
+        runs = await asyncio.gather(*(one(s) for s in [True] * cfg.k + [False] * (cfg.k - 1)))
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
-    fixed, broken = list(runs[: cfg.k]), list(runs[cfg.k:])
+    fixed, broken = list(runs[: cfg.k]), [first, *runs[cfg.k:]]
     return judge(task.id, broken, fixed, cfg, pytest_reports=is_pytest(task.meta.test_command))
 
 

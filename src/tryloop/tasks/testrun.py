@@ -102,7 +102,8 @@ def sandbox_config_for(task: Task) -> SandboxConfig:
 
 
 async def run_tests(runtime: SandboxRuntime, task: Task, *, with_solution: bool,
-                    changes: dict[str, bytes] | None = None, snapshot: Snapshot | None = None) -> TestRun:
+                    changes: dict[str, bytes] | None = None, snapshot: Snapshot | None = None,
+                    timeout: float | None = None) -> TestRun:
     """Run the task's tests in a fresh sandbox on the initial workspace, optionally with
     the reference solution or other `changes` laid over it, then the hidden tests."""
     cfg = sandbox_config_for(task)
@@ -118,7 +119,7 @@ async def run_tests(runtime: SandboxRuntime, task: Task, *, with_solution: bool,
         sb.write_file(f"{REPORT_DIR}/tryloop_report.py", PLUGIN)
         t0 = time.perf_counter()
         res = await sb.exec(instrumented_command(task.meta.test_command), merge_stderr=True,
-                            timeout=task.meta.test_timeout_s,
+                            timeout=min(timeout or task.meta.test_timeout_s, task.meta.test_timeout_s),
                             env={"PYTHONPATH": ":".join(p for p in (REPORT_DIR, sb._base_env.get("PYTHONPATH")) if p),
                                  "TRYLOOP_REPORT": REPORT_FILE,
                                  "PYTHONDONTWRITEBYTECODE": "1"})
