@@ -65,7 +65,10 @@ async def test_build_default_small_is_gated_split_and_leak_free(runtime, tmp_pat
                                  BuildOptions(per_project=1, humaneval=3, gate=GateConfig(k=2)))
     entries = store.query()
     assert report.total_kept == len(entries) >= 8
-    assert {e.meta.source for e in entries} >= {"humaneval", "mutation", "bundled"}
+    assert {e.meta.source for e in entries} >= {"humaneval", "mutation", "bundled", "variant"}
+    for v in (e for e in entries if e.meta.source == "variant"):
+        parent = store.get(v.meta.origin["parent_fingerprint"])
+        assert parent.meta.family == v.meta.family and parent.meta.split == v.meta.split
     assert {e.meta.tier for e in entries} >= {"easy", "hard"}
     assert all(e.meta.split for e in entries)
     assert check_leakage(store).clean

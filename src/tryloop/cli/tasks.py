@@ -159,6 +159,28 @@ def synth(
     print_report(report, f"{project.name}: {len(kept)} task(s) kept")
 
 
+@app.command()
+def variant(
+    target: Annotated[str, typer.Argument(help="task id or fingerprint in the store")],
+    kind: Annotated[str, typer.Option("--kind", help="rename | reorder | reformat")] = "rename",
+    store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
+) -> None:
+    """Make a variant of a stored task (same family, so the same split), gate it and store it."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.factory import add_variant
+    from tryloop.tasks.gate import GateReport
+
+    cfg = _cfg(config, store=store, k=k, seed=seed)
+    st = _store(cfg)
+    fp = run_cli(st.get, target).fingerprint()
+    report = GateReport()
+    entry = run_cli(lambda: asyncio.run(add_variant(SandboxRuntime(cfg.runtime), st, fp, kind, cfg.tasks.seed,
+                                                    _work_dir(cfg), _gate(cfg, True), report)))
+    print_report(report, f"variant of {target}")
+    if entry:
+        console.print(f"stored {entry.id} @ {entry.short} (family {entry.meta.family}, split {entry.meta.split})")
+
+
 @app.command("build-default")
 def build_default(
     per_project: Annotated[int, typer.Option("--per-project", help="mutation tasks per bundled project")] = 8,

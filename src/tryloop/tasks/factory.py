@@ -33,6 +33,7 @@ Progress = Callable[[str, GateResult | None], None]
 @dataclass
 class BuildOptions:
     per_project: int = 8           # mutation tasks kept per bundled project
+    variants_per_project: int = 1  # renamed-identifier variants of the first kept tasks
     humaneval: int | None = None   # HumanEval problems (None: all 164)
     multifile: bool = True
     seed: int = 0
@@ -102,15 +103,14 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
     for n, m in enumerate(muts):
         if len(kept) >= keep or (max_candidates is not None and n >= max_candidates):
             break
-        files = dict(ws)
-        files[m.path] = m.mutated.encode()
+        files = m.apply(ws)  # every file of a combined (multi-file) mutation
         meta = TaskMeta(id=f"{project.name}/{m.operator.replace(':', '-').replace('+', '-')}-{m.id}",
                         family=f"{project.name}-{m.id}", project=project.name, source="mutation",
                         test_command=project.test_command, tags=["mutation", m.operator.split(":")[0]],
                         origin={"operator": m.operator, "path": m.path, "line": m.lineno, "summary": m.summary,
                                 "project": project.origin})
         cand = Task.create(work_dir / meta.id, meta, "(bug report written after the gate)", workspace=files,
-                           tests=tests, solution={m.path: m.original.encode()})
+                           tests=tests, solution=m.solution())
 
         def finalize(task: Task, result: GateResult, m=m) -> Task | str:
             text = bug_report(project.name, result.broken_runs[0], result.fixed_runs[0], seed=seed)
@@ -126,6 +126,21 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
         if progress:
             progress(meta.id, None)
     return kept
+
+
+async def add_variant(runtime: SandboxRuntime, store: TaskStore, fingerprint: str, kind: str, seed: int,
+                      work_dir: Path, gate: GateConfig, report: GateReport) -> Entry | None:
+    """A variant of a stored task (same family and split as its origin), gated and stored."""
+    from tryloop.tasks.variants import VariantError, make_variant
+
+    origin = store.get(fingerprint)
+    try:
+        variant = make_variant(origin, work_dir / f"{origin.id}-{kind}{seed}", kind, seed)
+    except VariantError as e:
+        report.reject(f"variant:{kind}", "variant_changes_nothing")
+        store.record_rejection(origin.id, "variant", f"variant:{kind}", "variant_changes_nothing", str(e))
+        return None
+    return await admit(runtime, store, variant, report, f"variant:{kind}", gate)
 
 
 def multifile_bugs(root: Path = PROJECTS_DIR) -> list[dict[str, Any]]:
@@ -168,8 +183,12 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
             progress(task.id, None)
     mut_gate = GateConfig(k=opts.gate.k, time_budget_s=opts.gate.time_budget_s, require_pass_to_pass=True)
     for project in projects.values():
-        await synthesize(runtime, store, project, work_dir / "mutations", keep=opts.per_project, seed=opts.seed,
-                         gate=mut_gate, report=report, eval_fraction=opts.eval_fraction, progress=progress)
+        kept = await synthesize(runtime, store, project, work_dir / "mutations", keep=opts.per_project,
+                                seed=opts.seed, gate=mut_gate, report=report, eval_fraction=opts.eval_fraction,
+                                progress=progress)
+        for entry in kept[: opts.variants_per_project]:
+            await add_variant(runtime, store, entry.fingerprint, "rename", opts.seed, work_dir / "variants",
+                              mut_gate, report)
     if opts.multifile:
         for bug in multifile_bugs():
             task = multifile_task(projects[bug["project"]], bug, work_dir / "multifile")

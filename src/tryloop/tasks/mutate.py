@@ -10,13 +10,15 @@ How `mutated` is produced. The rest of the file must stay as it was (comments,
 formatting, quotes), so every site carries a *text edit* on the original source,
 computed from node positions (lineno/col_offset/end_lineno/end_col_offset) and,
 for operator tokens, from the few characters between two operands. Every site
-also carries the same change as an *AST transform*, and the text edit is only
-accepted if the edited source parses to exactly the transformed AST. When it
-does not (an unusual layout: `if x: y` on one line, `;`-joined statements,
-backslashes...), the enclosing statement is re-rendered with `ast.unparse` and
-put back in place of its own lines; only if that fails too is the whole module
-re-rendered. `Mutation.edit` records which of the three ("text", "statement",
-"module") was used.
+also carries the same change as an *AST transform*. The text edit is accepted only
+if the whole lines it touches (the innermost statement that owns its lines, parsed
+on its own) parse to exactly the transformed AST — the rest of the file is the same
+text, so the file parses iff those lines do, and the check costs the same in a
+small module or a huge one. When the edit does not check out (an unusual layout:
+`if x: y` on one line, `;`-joined statements, backslashes...), that statement is
+re-rendered with `ast.unparse` in place of its own lines; only if that fails too is
+the whole module re-rendered. `Mutation.edit` records which ("text", "statement",
+"module"; "multi" for `combine`).
 
 | operator | change | text edit |
 |---|---|---|
@@ -29,16 +31,19 @@ re-rendered. `Mutation.edit` records which of the three ("text", "statement",
 | remove_loop | drop a `for` / `while` loop inside a function | delete its lines |
 | swap_if_else | swap the bodies of `if`/`else`, or the two values of `a if c else b` | swap the two blocks |
 | swap_arguments | swap two adjacent, different positional arguments of a call | swap the two segments |
-| drop_return_value | `return <expr>` -> `return None` | the value |
+| drop_return_value | `return <expr>` -> `return None` | the return statement |
 | remove_method | delete a method from a class that keeps at least one other statement | delete its lines |
 | negate_condition | `if c` / `while c` / `a if c else b` -> `not c` (or `not c` -> `c`) | the condition |
 
-Statement-level operators (remove_*, swap_if_else on statements, drop_return_value,
-negate_condition on statements) only touch code inside functions, so that import-time
-code (`if __name__ == "__main__"`, module constants guarded by `if`) stays intact.
+remove_statement, remove_branch, remove_loop, drop_return_value, and swap_if_else /
+negate_condition on `if`/`while` statements only touch code inside functions, so that
+import-time code (module constants guarded by `if`, script entry points) stays intact.
 Nothing inside annotations, f-strings, `if __name__ == "__main__":` or
 `if TYPE_CHECKING:` blocks is mutated. A mutation whose AST equals the original's
 (swapping identical arguments, ...) is skipped.
+
+`combine` merges several mutations (in different files, or in non-overlapping lines
+of one file) into one harder bug, operator `multi:<op>+<op>...`.
 """
 
 from __future__ import annotations
@@ -144,13 +149,21 @@ def _is_main_guard(node: ast.If) -> bool:
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
+def _never_mutated(node: ast.AST, parent: ast.AST | None) -> bool:
+    """f-strings, `__main__` / TYPE_CHECKING guards and annotations (with what is under them)."""
+    if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.If) and _is_main_guard(node)):
+        return True
+    if isinstance(parent, ast.arg | ast.AnnAssign) and node is parent.annotation:
+        return True
+    return isinstance(parent, _FUNCS) and node is parent.returns
+
+
 class _Module:
     """A parsed module with the bookkeeping the operators need."""
 
     def __init__(self, text: str, tree: ast.Module):
         self.text = text
         self.tree = tree
-        self.dump = ast.dump(tree)
         self.lines = _lines(text)
         self.starts = [0]
         for line in self.lines:
@@ -165,13 +178,7 @@ class _Module:
             pid = id(parent) if parent is not None else None
             if pid is not None and (pid in self.in_func or isinstance(parent, _FUNCS)):
                 self.in_func.add(id(node))
-            if pid is not None and pid in self.excluded:
-                self.excluded.add(id(node))
-            elif isinstance(node, ast.JoinedStr) or (isinstance(node, ast.If) and _is_main_guard(node)):
-                self.excluded.add(id(node))
-            elif isinstance(parent, ast.arg) and node is parent.annotation or (
-                    isinstance(parent, _FUNCS) and node is parent.returns) or (
-                    isinstance(parent, ast.AnnAssign) and node is parent.annotation):
+            if (pid is not None and pid in self.excluded) or _never_mutated(node, parent):
                 self.excluded.add(id(node))
 
     @classmethod
@@ -269,9 +276,11 @@ class _Site:
     summary: str
     edits: list[Edit] | None         # text edits on the original source; None: none possible
     transform: Callable[[ast.AST], None]
-    # (field, k): the transform replaces statement k of the node's `field` list by zero or more
-    # statements; the statement-level fallback then re-renders just those.
-    slot: tuple[str, int] | None = None
+    # Statement replacement: the whole lines `lines` (one statement of the owner's body, with
+    # blank lines around it at most) become `replacement` (zero or more statements).
+    lines: tuple[int, int] | None = None
+    old: ast.stmt | None = None
+    replacement: list[ast.stmt] | None = None
 
 
 def _apply_edits(text: str, edits: list[Edit]) -> str | None:
@@ -301,19 +310,8 @@ def _owner(mod: _Module, node: ast.AST) -> tuple[ast.AST, str, int] | None:
     return None
 
 
-def _enclosing_stmt(mod: _Module, node: ast.AST) -> tuple[ast.AST, tuple[int, int]] | None:
-    cur: ast.AST | None = node
-    while cur is not None and not isinstance(cur, ast.Module):
-        if isinstance(cur, ast.stmt):
-            lines = mod.whole_lines(cur)
-            if lines is not None:
-                return cur, lines
-        cur = mod.parents.get(id(cur))
-    return None
-
-
-def _render(mod: _Module, stmts: list[ast.stmt], first: int, last: int) -> str | None:
-    """The source with lines first..last replaced by `stmts`, rendered with `ast.unparse`."""
+def _render(mod: _Module, stmts: list[ast.stmt], first: int, last: int) -> Edit | None:
+    """An edit replacing lines first..last by `stmts`, rendered with `ast.unparse`."""
     try:
         rendered = "\n".join(ast.unparse(s) for s in stmts)
     except (ValueError, TypeError, AttributeError, RecursionError):
@@ -321,63 +319,118 @@ def _render(mod: _Module, stmts: list[ast.stmt], first: int, last: int) -> str |
     indent, eol = mod.indent(first), mod.eol(last)
     body = "".join(indent + line + eol if line.strip() else line + eol for line in rendered.split("\n"))
     a, b = mod.lines_span(first, last)
-    return mod.text[:a] + body + mod.text[b:]
+    return a, b, body if stmts else ""
 
 
-def _render_slot(mod: _Module, site: _Site, fresh_owner: ast.AST) -> str | None:
-    field, k = site.slot
-    old = getattr(mod.nodes[site.index], field)
-    new = getattr(fresh_owner, field)
-    lines = mod.whole_lines(old[k])
-    if lines is None:
+def _dumps(stmts: Iterable[ast.AST]) -> str:
+    return "\n".join(ast.dump(s) for s in stmts)
+
+
+def _parse_lines(text: str, indent: str) -> list[ast.stmt] | None:
+    """The statements of whole lines cut out of a module (indented lines parse under `if 1:`)."""
+    if text and not text.endswith(("\n", "\r")):
+        text += "\n"
+    sentinel = indent + "pass\n"  # a body of only comments is still a body
+    tree = _parse(("if 1:\n" if indent else "") + text + sentinel)
+    if tree is None:
         return None
-    return _render(mod, new[k:k + len(new) - len(old) + 1], *lines)
+    stmts = tree.body[0].body if indent else tree.body
+    return stmts[:-1]
+
+
+def _statement_around(mod: _Module, node: ast.AST) -> ast.stmt | None:
+    """The innermost statement around `node` (or `node` itself) that owns its lines and
+    parses on its own (so not an `elif` branch)."""
+    cur: ast.AST | None = node
+    while cur is not None and not isinstance(cur, ast.Module):
+        if isinstance(cur, ast.stmt) and mod.whole_lines(cur) is not None and not (
+                isinstance(cur, ast.If) and _starts_with(mod, cur, "elif")):
+            return cur
+        cur = mod.parents.get(id(cur))
+    return None
 
 
 def _materialize(mod: _Module, site: _Site, operator: str, path: str) -> Mutation | None:
+    """Turn a site into a Mutation (None if it is equivalent or cannot be written).
+
+    Text edits are checked on the few whole lines they touch (a statement, parsed
+    alone): the rest of the file is the same text, so the file parses iff they do,
+    and the cost does not grow with the size of the module. Only the last resort,
+    re-rendering the whole module, looks at the whole file.
+    """
+    made = _materialize_lines(mod, site)
+    if made is False:
+        return None  # equivalent
+    if made is not None:
+        text, how = made
+        return Mutation(operator=operator, path=path, lineno=site.lineno, col=site.col, summary=site.summary,
+                        original=mod.text, mutated=text, edit=how)
     fresh = _parse(mod.text)
     if fresh is None:
         return None
-    fresh_nodes = [n for n, _ in _preorder(fresh)]
-    site.transform(fresh_nodes[site.index])
+    site.transform([n for n, _ in _preorder(fresh)][site.index])
     ast.fix_missing_locations(fresh)
     try:
         expected = ast.dump(fresh)
-    except (AttributeError, TypeError):
-        return None
-    if expected == mod.dump:
-        return None  # equivalent
-
-    def check(text: str | None) -> bool:
-        if text is None or text == mod.text:
-            return False
-        tree = _parse(text)
-        return tree is not None and ast.dump(tree) == expected
-
-    def make(text: str, how: str) -> Mutation:
-        return Mutation(operator=operator, path=path, lineno=site.lineno, col=site.col, summary=site.summary,
-                        original=mod.text, mutated=text, edit=how)
-
-    if site.edits:
-        text = _apply_edits(mod.text, site.edits)
-        if check(text):
-            return make(text, "text")
-    if site.slot is not None:
-        text = _render_slot(mod, site, fresh_nodes[site.index])
-        if check(text):
-            return make(text, "statement")
-    # The enclosing statement, re-rendered in place of its own lines.
-    found = _enclosing_stmt(mod, mod.nodes[site.index])
-    if found is not None:
-        stmt, (first, last) = found
-        text = _render(mod, [fresh_nodes[mod.index[id(stmt)]]], first, last)
-        if check(text):
-            return make(text, "statement")
-    try:
         text = ast.unparse(fresh) + "\n"
     except (ValueError, TypeError, AttributeError, RecursionError):
         return None
-    return make(text, "module") if check(text) else None
+    tree = _parse(text)
+    if expected == ast.dump(mod.tree) or tree is None or ast.dump(tree) != expected:
+        return None
+    return Mutation(operator=operator, path=path, lineno=site.lineno, col=site.col, summary=site.summary,
+                    original=mod.text, mutated=text, edit="module")
+
+
+def _materialize_lines(mod: _Module, site: _Site) -> tuple[str, str] | bool | None:
+    """(mutated text, how) | False (equivalent) | None (not possible line-locally)."""
+    if site.lines is not None and site.old is not None and site.replacement is not None:
+        first, last = site.lines
+        before, expected_stmts = ast.dump(site.old), site.replacement
+    else:
+        stmt = _statement_around(mod, mod.nodes[site.index])
+        if stmt is None:
+            return None
+        first, last = mod.whole_lines(stmt)
+        a, b = mod.lines_span(first, last)
+        fresh = _parse_lines(mod.text[a:b], mod.indent(first))
+        if fresh is None or len(fresh) != 1:
+            return None
+        fresh_nodes = [n for n, _ in _preorder(fresh[0])]
+        local = site.index - mod.index[id(stmt)]
+        if not 0 <= local < len(fresh_nodes) or type(fresh_nodes[local]) is not type(mod.nodes[site.index]):
+            return None
+        before = ast.dump(fresh[0])
+        site.transform(fresh_nodes[local])
+        ast.fix_missing_locations(fresh[0])
+        expected_stmts = fresh
+    try:
+        expected = _dumps(expected_stmts)
+    except (AttributeError, TypeError):
+        return None
+    if expected == before:
+        return False
+    a, b = mod.lines_span(first, last)
+    old_text, indent = mod.text[a:b], mod.indent(first)
+
+    def attempt(edits: list[Edit | None] | None) -> str | None:
+        if not edits or any(e is None or e[0] < a or e[1] > b for e in edits):
+            return None
+        new_text = _apply_edits(old_text, [(s - a, e - a, r) for s, e, r in edits])
+        if new_text is None or new_text == old_text:
+            return None
+        stmts = _parse_lines(new_text, indent)
+        if stmts is None or _dumps(stmts) != expected:
+            return None
+        return mod.text[:a] + new_text + mod.text[b:]
+
+    text = attempt(site.edits)
+    if text is not None:
+        return text, "text"
+    text = attempt([_render(mod, expected_stmts, first, last)])
+    if text is not None:
+        return text, "statement"
+    return None
 
 
 # ---- operators ------------------------------------------------------------------------------------
@@ -511,7 +564,10 @@ def _removal(mod: _Module, node: ast.stmt, what: str, i_owner: int, field: str, 
             if not body:
                 body.append(ast.Pass())
 
-    return _Site(i_owner, node.lineno, mod.char_col(node), what, edits, transform, slot=(field, k))
+    if as_pass:
+        return _Site(i_owner, node.lineno, mod.char_col(node), what, edits, transform)
+    return _Site(i_owner, node.lineno, mod.char_col(node), what, edits, transform, lines=lines, old=node,
+                 replacement=[ast.Pass()] if empties else [])
 
 
 def _remove_statement(mod: _Module) -> Iterator[_Site]:
@@ -618,7 +674,8 @@ def _remove_branch(mod: _Module) -> Iterator[_Site]:
 
                 what = "if block (kept its else)" if has_else else "if block (its elif became if)"
                 yield _Site(i_owner, node.lineno, mod.char_col(node), f"removed {what} at line {node.lineno}",
-                            edits, transform, slot=(field, k))
+                            edits, transform, lines=lines, old=node,
+                            replacement=list(node.orelse) if has_else else [node.orelse[0]])
         else:
             parent = mod.parents[id(node)]
             nxt = node.orelse[0].lineno if has_elif else else_ln if has_else else node.end_lineno + 1
@@ -727,7 +784,7 @@ def _remove_method(mod: _Module) -> Iterator[_Site]:
             if not isinstance(item, _FUNCS):
                 continue
             lines = mod.whole_lines(item)
-            edits = None
+            edits, span = None, None
             if lines is not None:
                 first, last = lines
                 # take the blank lines that separated it from its neighbour along
@@ -739,13 +796,13 @@ def _remove_method(mod: _Module) -> Iterator[_Site]:
                     start_next = min([nxt.lineno, *(d.lineno for d in getattr(nxt, "decorator_list", []))])
                     while last + 1 < start_next and not mod.line_text(last + 1).strip():
                         last += 1
-                edits = [mod.lines_span(first, last) + ("",)]
+                edits, span = [mod.lines_span(first, last) + ("",)], (first, last)
 
             def transform(n: ast.AST, k: int = k) -> None:
                 del n.body[k]
 
             yield _Site(i, item.lineno, mod.char_col(item), f"removed method {node.name}.{item.name}", edits,
-                        transform)
+                        transform, lines=span, old=item, replacement=[])
 
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set,
@@ -793,7 +850,7 @@ class Operator:
     description: str
     find: Callable[[_Module], Iterator[_Site]]
 
-    def sites(self, source: bytes | str) -> int:
+    def count_sites(self, source: bytes | str) -> int:
         """How many sites the operator finds in `source` (0 if it does not parse)."""
         mod = _Module.load(source)
         return 0 if mod is None else sum(1 for _ in self.find(mod))
