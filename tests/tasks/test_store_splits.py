@@ -203,3 +203,35 @@ def test_static_difficulty_orders_function_single_and_multi_file_bugs(tmp_path):
     s1, _ = static_difficulty(single)
     s2, tier2 = static_difficulty(multi)
     assert s2 > s1 and tier2 in ("medium", "hard")
+
+
+def test_answer_traces_catch_tests_solution_or_history_in_the_workspace(tmp_path):
+    import subprocess
+
+    from tryloop.tasks.factory import answer_traces
+
+    assert answer_traces(make_task(tmp_path / "clean")) == []
+    meta = TaskMeta(id="calc/leaky", family="calc-leaky", project="calc", source="local")
+    leaky = Task.create(tmp_path / "leaky", meta, "x",
+                        workspace={"calc/__init__.py": SRC.replace("a + b", "a - b"), "tests/test_calc.py": TESTS},
+                        tests={"tests/test_calc.py": TESTS}, solution={"calc/__init__.py": SRC})
+    assert any("hidden test" in t for t in answer_traces(leaky))
+    git = make_task(tmp_path / "git")
+    ws = git.workspace_dir
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "-c", "user.email=a@b", "-c", "user.name=a",
+                                                             "commit", "-qm", "one"], ["git", "tag", "v1"]):
+        subprocess.run(cmd, cwd=ws, check=True)
+    assert any("git history" in t for t in answer_traces(Task.load(git.root)))
+
+
+def test_measured_pass_rates_refine_the_static_tier(tmp_path):
+    from tryloop.tasks.difficulty import refine_from_pass_rates
+
+    store = TaskStore(tmp_path / "store")
+    e = store.add(make_task(tmp_path / "w"))
+    store.update_meta(e.fingerprint, tier="easy", difficulty=0.2)
+    store.record_pass_rate(e.fingerprint, "smollm2", 0, 4)
+    assert refine_from_pass_rates(store, "smollm2", min_attempts=8) == 0  # not enough attempts yet
+    store.record_pass_rate(e.fingerprint, "smollm2", 0, 4)
+    assert refine_from_pass_rates(store, "smollm2", min_attempts=8) == 1
+    assert store.entry(e.fingerprint).meta.tier == "hard"

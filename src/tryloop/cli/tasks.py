@@ -304,7 +304,15 @@ def check_leakage(store: StoreUrl = None, config: ConfigOpt = None) -> None:
     from tryloop.tasks.splits import check_leakage as check
 
     cfg = _cfg(config, store=store)
-    rep = run_cli(check, _store(cfg))
+    st = _store(cfg)
+    rep = run_cli(check, st)
+    from tryloop.tasks.dedup import near_duplicate_groups
+
+    groups = near_duplicate_groups([st.get(e.fingerprint) for e in st.query(latest=False)])
+    if groups:
+        console.print(f"{len(groups)} group(s) of near-duplicate tasks (same normalized change):")
+        for g in groups:
+            console.print(f"  {', '.join(g)}")
     if rep.unsplit:
         console.print(f"[yellow]{len(rep.unsplit)} task(s) have no split[/] (run `tryloop tasks split`)")
     if rep.clean:

@@ -60,3 +60,18 @@ def static_difficulty(task: Task) -> tuple[float, str]:
 def measured_tier(rate: float) -> str:
     """Tier from a policy's measured pass rate."""
     return "easy" if rate >= 0.5 else "medium" if rate >= 0.1 else "hard"
+
+
+def refine_from_pass_rates(store, policy: str, min_attempts: int = 8) -> int:
+    """Replace static tiers by measured ones where a policy has enough attempts; returns
+    how many tasks changed."""
+    changed = 0
+    for e in store.query(latest=False):
+        rate = store.pass_rates(e.fingerprint).get(policy)
+        if not rate or rate["attempts"] < min_attempts:
+            continue
+        tier, difficulty = measured_tier(rate["rate"]), round(1.0 - rate["rate"], 3)
+        if (tier, difficulty) != (e.meta.tier, e.meta.difficulty):
+            store.update_meta(e.fingerprint, tier=tier, difficulty=difficulty)
+            changed += 1
+    return changed

@@ -25,6 +25,7 @@ from tryloop.tasks.store import Entry, TaskStore
 
 PROJECTS_DIR = ASSETS / "projects"
 LEAKS_FIX = "instruction_leaks_fix"
+ANSWER_IN_WORKSPACE = "answer_in_workspace"
 DUPLICATE = "duplicate"
 
 Progress = Callable[[str, GateResult | None], None]
@@ -52,6 +53,24 @@ def bundled_projects(root: Path = PROJECTS_DIR) -> list[Project]:
     return out
 
 
+def answer_traces(task: Task) -> list[str]:
+    """What in the workspace would give the answer away (empty when clean): hidden test
+    files, the reference solution's files, or git history beyond one orphan commit."""
+    ws = task.workspace_files()
+    found = [f"hidden test {p} is in the workspace" for p, data in task.hidden_tests().items() if ws.get(p) == data]
+    solution = task.solution_files()
+    if solution and all(ws.get(p) == data for p, data in solution.items()):
+        found.append("the workspace already equals the reference solution")
+    if (task.workspace_dir / ".git").exists():
+        from tryloop.tasks.sources.local import HistoryLeak, assert_clean_history
+
+        try:
+            assert_clean_history(task.workspace_dir)
+        except HistoryLeak as e:
+            found.append(f"git history: {e}")
+    return found
+
+
 async def admit(runtime: SandboxRuntime, store: TaskStore, task: Task, report: GateReport, group: str,
                 gate: GateConfig, *, finalize: Callable[[Task, GateResult], Task | str] | None = None,
                 eval_fraction: float | None = None, seed: int = 0) -> Entry | None:
@@ -60,6 +79,11 @@ async def admit(runtime: SandboxRuntime, store: TaskStore, task: Task, report: G
     `finalize` may rewrite the task once the runs are known (e.g. write the bug
     report from the observed failure) or return a rejection reason.
     """
+    trace = answer_traces(task)
+    if trace:
+        report.reject(group, ANSWER_IN_WORKSPACE)
+        store.record_rejection(task.id, task.meta.source, group, ANSWER_IN_WORKSPACE, "; ".join(trace))
+        return None
     result = await validate(runtime, task, gate)
     if not result.accepted:
         report.add(group, result)
