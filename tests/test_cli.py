@@ -227,3 +227,28 @@ def test_build_docstring_example_run_step(runtime, tmp_path):
     spec.write_text('base: host\nsteps:\n  - run: "echo ready > /opt/tryloop/marker"\n')
     image = asyncio.run(build_image(runtime, load_spec(spec)))
     assert image.id
+
+
+@pytest.mark.network
+def test_image_pip_step_installs_from_the_index_and_is_cached(runtime, tmp_path):
+    import asyncio
+
+    from tryloop.sandbox import Snapshot
+    from tryloop.sandbox.build import build_image, load_spec
+
+    spec = tmp_path / "pip.yaml"
+    spec.write_text('base: host\nsteps:\n  - pip: ["iso8601==2.1.0"]\n')
+    steps: list[bool] = []
+    try:
+        image = asyncio.run(build_image(runtime, load_spec(spec), on_step=lambda i, n, d, hit: steps.append(hit)))
+    except Exception as e:  # no package index reachable from here
+        pytest.skip(f"package index unavailable: {e}")
+    asyncio.run(build_image(runtime, load_spec(spec), on_step=lambda i, n, d, hit: steps.append(hit)))
+    assert steps == [False, True]
+
+    async def probe():
+        async with await runtime.create(Snapshot(image.id)) as sb:
+            return await sb.exec(["python3", "-c", "import iso8601; print(iso8601.__file__)"])
+
+    res = asyncio.run(probe())
+    assert res.ok and res.text().startswith("/opt/tryloop/site/"), res.text("stderr")

@@ -126,6 +126,20 @@ async def build_image(runtime, spec: ImageSpec,
     return img
 
 
+def _network_env() -> dict[str, str]:
+    """What a networked build step needs from the host to reach a package index the way
+    the host does: proxies, an http(s) index, and the system CA bundle (the image has it)."""
+    import os
+
+    keep = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
+        if os.environ.get(k, "").startswith(("http://", "https://")):
+            env[k] = os.environ[k]
+    env["PIP_CERT"] = env["SSL_CERT_FILE"] = "/etc/ssl/certs/ca-certificates.crt"
+    return env
+
+
 def _describe(step: Step) -> str:
     if step.pip:
         return "pip " + " ".join(step.pip)
@@ -157,8 +171,9 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
         cmd, network = step.run or "", step.network
     cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
                         limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
+    env = {"HOME": "/tmp", **(_network_env() if network else {})}
     async with await runtime.create(Snapshot(img.id), cfg) as sb:
-        res = await sb.exec(cmd, cwd="/", env={"HOME": "/tmp"})
+        res = await sb.exec(cmd, cwd="/", env=env)
         if not res.ok:
             raise SandboxError(f"image step `{_describe(step)}` failed (exit {res.exit_code}):\n"
                                f"{res.text('stderr')[-2000:]}{res.text()[-1000:]}")
