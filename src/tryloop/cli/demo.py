@@ -138,4 +138,32 @@ async def _demo(cfg, episodes: int, concurrency: int) -> None:
         st.add_row("workspace byte-identical to the snapshot after reset",
                    "[green]yes[/]" if restored else "[bold red]NO[/]")
         console.print(st)
+    await _factory(rt)
     console.print("[bold green]demo finished[/]: every sandbox, cgroup and mount was released")
+
+
+async def _factory(rt) -> None:
+    """Two tasks from the task factory: planted bugs, gated in fresh sandboxes."""
+    import tempfile
+    from pathlib import Path
+
+    from tryloop.tasks.factory import bundled_projects, synthesize
+    from tryloop.tasks.gate import GateConfig, GateReport
+    from tryloop.tasks.store import TaskStore
+
+    project = next(p for p in bundled_projects() if p.name == "strutils")
+    with tempfile.TemporaryDirectory(prefix="tryloop-demo-") as tmp:
+        store, report = TaskStore(Path(tmp) / "store"), GateReport()
+        with console.status("task factory: planting bugs in a bundled project and gating them (K=3) ..."):
+            kept = await synthesize(rt, store, project, Path(tmp) / "work", keep=2, seed=1,
+                                    gate=GateConfig(k=3, require_pass_to_pass=True), report=report)
+        t = Table(title=f"task factory: {len(kept)} gated task(s) from `{project.name}` "
+                        f"({report.total_rejected} candidate(s) rejected)")
+        for col in ("task", "tier", "fail→pass", "pass→pass", "instruction (bug report, never the fix)"):
+            t.add_column(col)
+        for e in kept:
+            task = store.get(e.fingerprint)
+            first = next(line for line in task.instruction.splitlines() if line.strip())
+            t.add_row(e.id, e.meta.tier or "-", str(len(e.meta.fail_to_pass)), str(len(e.meta.pass_to_pass)),
+                      first[:70])
+        console.print(t)
