@@ -1,0 +1,1 @@
+"""Rewards you can trust: verifiers, hack detectors, composite rewards, versions, the gold-set gate."""
