@@ -133,26 +133,30 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
-    # A run may not take much longer than the budget: a mutant that loops forever
-    # is cut off there instead of at the task's full test timeout.
-    limit = cfg.time_budget_s * 1.5
+    pytest_cmd = is_pytest(task.meta.test_command)
 
-    async def one(with_solution: bool) -> TestRun:
+    async def one(with_solution: bool, limit: float) -> TestRun:
         async with sem:
             return await run_tests(runtime, task, with_solution=with_solution, snapshot=snap, timeout=limit)
 
     try:
-        # One broken run first: most candidates that fail the gate fail here (the
-        # broken state passes, or hangs), and the other 2K-1 runs are saved.
-        first = await one(False)
+        # One reference run, then one broken run, before the rest: most candidates
+        # that fail the gate fail here, and the other runs are saved. The reference
+        # run's duration bounds the broken runs, so a mutant that loops forever is
+        # cut off after seconds instead of at the task's test timeout.
+        ref = await one(True, cfg.time_budget_s * 1.5)
+        if ref.timed_out or ref.exit_code != 0 and not (pytest_cmd and ref.reported and ref.passing):
+            return judge(task.id, [ref], [ref], cfg, pytest_reports=pytest_cmd)
+        limit = min(cfg.time_budget_s * 1.5, max(5.0, 10 * ref.wall_s))
+        first = await one(False, limit)
         if first.timed_out or (first.reported and not any(o in FAILING for o in first.outcomes.values())) \
                 or (not first.reported and first.exit_code == 0):
-            return judge(task.id, [first], [], cfg, pytest_reports=is_pytest(task.meta.test_command))
-        runs = await asyncio.gather(*(one(s) for s in [True] * cfg.k + [False] * (cfg.k - 1)))
+            return judge(task.id, [first], [], cfg, pytest_reports=pytest_cmd)
+        runs = await asyncio.gather(*(one(s, limit) for s in [True] * (cfg.k - 1) + [False] * (cfg.k - 1)))
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
-    fixed, broken = list(runs[: cfg.k]), [first, *runs[cfg.k:]]
-    return judge(task.id, broken, fixed, cfg, pytest_reports=is_pytest(task.meta.test_command))
+    fixed, broken = [ref, *runs[: cfg.k - 1]], [first, *runs[cfg.k - 1:]]
+    return judge(task.id, broken, fixed, cfg, pytest_reports=pytest_cmd)
 
 
 @dataclass
