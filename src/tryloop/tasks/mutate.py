@@ -109,7 +109,8 @@ class Mutation:
 # ---- source positions -----------------------------------------------------------------------------
 
 
-def _parse(text: str) -> ast.Module | None:
+def parse_module(text: str) -> ast.Module | None:
+    """The module's AST, or None if it does not parse (warnings silenced)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -190,7 +191,7 @@ class _Module:
                 return None
         if source.startswith("\ufeff"):
             return None
-        tree = _parse(source)
+        tree = parse_module(source)
         return None if tree is None else cls(source, tree)
 
     # positions ----------------------------------------------------------------------------------
@@ -331,7 +332,7 @@ def _parse_lines(text: str, indent: str) -> list[ast.stmt] | None:
     if text and not text.endswith(("\n", "\r")):
         text += "\n"
     sentinel = indent + "pass\n"  # a body of only comments is still a body
-    tree = _parse(("if 1:\n" if indent else "") + text + sentinel)
+    tree = parse_module(("if 1:\n" if indent else "") + text + sentinel)
     if tree is None:
         return None
     stmts = tree.body[0].body if indent else tree.body
@@ -365,7 +366,7 @@ def _materialize(mod: _Module, site: _Site, operator: str, path: str) -> Mutatio
         text, how = made
         return Mutation(operator=operator, path=path, lineno=site.lineno, col=site.col, summary=site.summary,
                         original=mod.text, mutated=text, edit=how)
-    fresh = _parse(mod.text)
+    fresh = parse_module(mod.text)
     if fresh is None:
         return None
     site.transform([n for n, _ in _preorder(fresh)][site.index])
@@ -375,7 +376,7 @@ def _materialize(mod: _Module, site: _Site, operator: str, path: str) -> Mutatio
         text = ast.unparse(fresh) + "\n"
     except (ValueError, TypeError, AttributeError, RecursionError):
         return None
-    tree = _parse(text)
+    tree = parse_module(text)
     if expected == ast.dump(mod.tree) or tree is None or ast.dump(tree) != expected:
         return None
     return Mutation(operator=operator, path=path, lineno=site.lineno, col=site.col, summary=site.summary,
@@ -997,7 +998,7 @@ def combine(muts: Iterable[Mutation]) -> Mutation | None:
         text = _merge(orig, versions)
         if text is None:
             return None
-        tree, orig_tree = _parse(text), _parse(orig)
+        tree, orig_tree = parse_module(text), parse_module(orig)
         if tree is None or orig_tree is None or ast.dump(tree) == ast.dump(orig_tree):
             return None
         merged[path] = (orig, text)

@@ -37,11 +37,11 @@ import io
 import keyword
 import random
 import tokenize
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from tryloop.tasks.model import Task
+from tryloop.tasks.mutate import parse_module
 
 Files = Mapping[str, bytes | str]
 
@@ -52,14 +52,6 @@ class VariantError(ValueError):
 
 # ---- helpers --------------------------------------------------------------------------------------
 
-
-def _parse(text: str) -> ast.Module | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
 
 
 def _text(data: bytes | str) -> str | None:
@@ -112,7 +104,7 @@ def observed_names(texts: Iterable[str]) -> set[str]:
     keyword arguments in calls and identifier-like string constants, in any file."""
     out: set[str] = set()
     for text in texts:
-        tree = _parse(text)
+        tree = parse_module(text)
         if tree is None:
             continue
         literal_parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
@@ -265,7 +257,7 @@ class _Source:
 
 def make_rename_plan(text: str, seed: int | str, observed: set[str] = frozenset()) -> Plan:
     """{scope: {old: new}} for one module: what `rename_identifiers` would rename."""
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None:
         return {}
     rng = random.Random(seed)
@@ -291,7 +283,7 @@ def make_rename_plan(text: str, seed: int | str, observed: set[str] = frozenset(
 
 def restrict_plan(plan: Plan, text: str, observed: set[str] = frozenset()) -> Plan:
     """The part of `plan` that also applies to `text` (another version of the module)."""
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None:
         return {}
     taken = _identifiers(text)
@@ -310,7 +302,7 @@ def restrict_plan(plan: Plan, text: str, observed: set[str] = frozenset()) -> Pl
 
 def apply_rename_plan(text: str, plan: Plan) -> str:
     """Rename per `plan` token by token; the text unchanged if the result does not check out."""
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None or not plan:
         return text
     src = _Source(text)
@@ -348,7 +340,7 @@ def apply_rename_plan(text: str, plan: Plan) -> str:
 
 
 def _same_modulo_rename(tree: ast.Module, text: str, inverse: dict[str, str]) -> bool:
-    new = _parse(text)
+    new = parse_module(text)
     if new is None:
         return False
     for node in ast.walk(new):
@@ -423,7 +415,7 @@ def _deps(tree: ast.Module, run: list[int]) -> dict[str, set[str]]:
 
 def make_reorder_plan(text: str, seed: int | str) -> dict[str, int]:
     """{definition name: rank}: a seeded order of each run that respects def-time needs."""
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None:
         return {}
     rng = random.Random(seed)
@@ -443,7 +435,7 @@ def make_reorder_plan(text: str, seed: int | str) -> dict[str, int]:
 
 
 def apply_reorder_plan(text: str, plan: Mapping[str, int]) -> str:
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None or not plan:
         return text
     src = _Source(text)
@@ -489,7 +481,7 @@ def apply_reorder_plan(text: str, plan: Mapping[str, int]) -> str:
 
 
 def _same_statements(tree: ast.Module, text: str, plan: Mapping[str, int]) -> bool:
-    new = _parse(text)
+    new = parse_module(text)
     if new is None or len(new.body) != len(tree.body):
         return False
     old_d, new_d = [ast.dump(s) for s in tree.body], [ast.dump(s) for s in new.body]
@@ -514,14 +506,14 @@ def reorder_functions(files: Files, seed: int) -> dict[str, bytes | str]:
 
 
 def reformat_source(text: str) -> str:
-    tree = _parse(text)
+    tree = parse_module(text)
     if tree is None:
         return text
     try:
         result = ast.unparse(tree) + "\n"
     except (ValueError, TypeError, AttributeError, RecursionError):
         return text
-    new = _parse(result)
+    new = parse_module(result)
     return result if new is not None and ast.dump(new) == ast.dump(tree) else text
 
 
