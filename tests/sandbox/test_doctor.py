@@ -1,0 +1,47 @@
+"""Without root or a kernel feature, sandboxes refuse to start and say what is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tryloop.sandbox.doctor import checks, require_host
+
+
+def test_this_host_offers_everything_required():
+    missing = [c.name for c in checks() if c.required and not c.ok]
+    assert missing == []
+    require_host()
+
+
+def _as_nobody(code: str, tmp_path: Path, imports: str) -> subprocess.CompletedProcess:
+    # Imports first: this host's Python lives under /root, which nobody may read.
+    prelude = imports + "\nimport os; os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+
+
+def test_runtime_refuses_without_root_and_names_what_is_missing(tmp_path):
+    tmp_path.chmod(0o777)
+    res = _as_nobody(
+        "try:\n"
+        "    SandboxRuntime(RuntimeConfig(store_dir=Path('s'), state_dir=Path('t')))\n"
+        "except HostUnsupported as e:\n"
+        "    print('REFUSED', e.missing, e)\n", tmp_path,
+        "from pathlib import Path\nfrom tryloop.config import RuntimeConfig\nfrom tryloop.errors import HostUnsupported\n"
+        "from tryloop.sandbox import SandboxRuntime\nimport tryloop.sandbox.doctor, tryloop.sandbox.cgroups, "
+        "tryloop.sandbox.native, ctypes, platform, shutil")
+    assert "REFUSED" in res.stdout, res.stdout + res.stderr
+    assert "['root']" in res.stdout and "running as uid 65534" in res.stdout
+
+
+def test_doctor_cli_reports_missing_features_and_fails_without_root(tmp_path):
+    tmp_path.chmod(0o777)
+    res = _as_nobody("app(['sandbox', 'doctor', '--no-live'], prog_name='tryloop')", tmp_path,
+                     "import os\nos.environ['COLUMNS'] = '200'\nfrom tryloop.cli.main import app\n"
+                     "import tryloop.cli.sandbox, tryloop.sandbox.doctor, tryloop.sandbox.cgroups, "
+                     "tryloop.sandbox.native, tryloop.sandbox.seccomp, ctypes, platform, shutil")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "MISSING" in out and "root" in out and "weaker isolation" in out
