@@ -284,7 +284,8 @@ class _Site:
     replacement: list[ast.stmt] | None = None
 
 
-def _apply_edits(text: str, edits: list[Edit]) -> str | None:
+def splice(text: str, edits: list[Edit]) -> str | None:
+    """`text` with each (start, end, replacement) edit applied; None if edits overlap."""
     edits = sorted(edits)
     for (_, e1, _), (s2, _, _) in zip(edits, edits[1:], strict=False):
         if s2 < e1:
@@ -417,7 +418,7 @@ def _materialize_lines(mod: _Module, site: _Site) -> tuple[str, str] | bool | No
     def attempt(edits: list[Edit | None] | None) -> str | None:
         if not edits or any(e is None or e[0] < a or e[1] > b for e in edits):
             return None
-        new_text = _apply_edits(old_text, [(s - a, e - a, r) for s, e, r in edits])
+        new_text = splice(old_text, [(s - a, e - a, r) for s, e, r in edits])
         if new_text is None or new_text == old_text:
             return None
         stmts = _parse_lines(new_text, indent)

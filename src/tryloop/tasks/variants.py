@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from tryloop.tasks.model import Task
-from tryloop.tasks.mutate import parse_module
+from tryloop.tasks.mutate import parse_module, splice
 
 Files = Mapping[str, bytes | str]
 
@@ -470,14 +470,8 @@ def apply_reorder_plan(text: str, plan: Mapping[str, int]) -> str:
         pieces.append((src.starts[spans[0][0] - 1], src.starts[spans[-1][1]], body))
     if not pieces:
         return text
-    out, pos = [], 0
-    for a, b, body in pieces:
-        out.append(text[pos:a])
-        out.append(body)
-        pos = b
-    out.append(text[pos:])
-    result = "".join(out)
-    return result if _same_statements(tree, result, plan) else text
+    result = splice(text, pieces)
+    return result if result is not None and _same_statements(tree, result, plan) else text
 
 
 def _same_statements(tree: ast.Module, text: str, plan: Mapping[str, int]) -> bool:
