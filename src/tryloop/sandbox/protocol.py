@@ -13,7 +13,7 @@ RSP = struct.Struct("=2I2i2I6Q")  # op id status err stage flags | pid wall utim
 OP_EXEC, OP_KILL, OP_RESET, OP_PING = 1, 2, 3, 4
 R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED = range(1, 10)
 
-F_STDIN, F_STDOUT, F_STDERR, F_MERGE = 1, 2, 4, 8
+F_STDIN, F_STDOUT, F_STDERR, F_MERGE, F_QUIET = 1, 2, 4, 8, 16  # F_QUIET: no start report
 X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4
 
 STAGES = [

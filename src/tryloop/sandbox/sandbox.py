@@ -300,19 +300,21 @@ class Sandbox:
             streams.append(_Stream(name, r, cap, on_output,
                                    queue=asyncio.Queue() if stream else None))
         flags |= P.F_STDOUT | (P.F_MERGE if merge_stderr else P.F_STDERR)
+        if not _wait_started:
+            flags |= P.F_QUIET  # exec() needs only the exit (or failure) report
         eid = next(self._ids)
         msg = P.encode_exec(
             eid, argv=argv, env=full_env, cwd=cwd or self.config.workdir, flags=flags,
             timeout_ms=max(1, int(timeout * 1000)), uid=uid, gid=gid, nofile=lim.open_files,
             fsize=lim.file_size_mb << 20, cpu=lim.cpu_seconds or 0,
         )
-        started = self._expect(P.R_STARTED, eid)
+        started = self._expect(P.R_STARTED, eid) if _wait_started else None
         exit_fut = self._loop.create_future()
         self._running[eid] = exit_fut
         try:
             self._send(msg, send_fds)
         except BaseException:
-            self._waiters.pop((P.R_STARTED, eid), None)
+            self._waiters.pop((P.R_STARTED, eid), None)  # no-op for exec()
             self._running.pop(eid, None)
             for fd in close_after + [s.fd for s in streams] + ([stdin_w] if stdin_w else []):
                 os.close(fd)
@@ -331,12 +333,12 @@ class Sandbox:
             self._watch(streams)
         where = (argv[0], cwd or self.config.workdir)
         if not _wait_started:
-            # exec(): the exit (or failure) report is all it needs; skipping the
-            # separate wake-up for the start report saves a loop iteration.
-            started.cancel()
+            # exec(): the exit (or failure) report is all it needs; the init sends
+            # no start report (F_QUIET), which saves an event-loop wake-up.
             proc = Process(self, eid, 0, streams, stdin_w if stdin == "pipe" else None, exit_fut,
                            timeout, where, watcher)
         else:
+            assert started is not None
             reply = await started
             if reply.op == P.R_FAILED:
                 self._running.pop(eid, None)

@@ -70,7 +70,7 @@ enum {
     S_NET, S_SECCOMP_LOAD, S_CHROOT, S_RLIMIT, S_CAPS, S_SETUID, S_CWD,
     S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET,
 };
-enum { F_STDIN = 1, F_STDOUT = 2, F_STDERR = 4, F_MERGE = 8 };
+enum { F_STDIN = 1, F_STDOUT = 2, F_STDERR = 4, F_MERGE = 8, F_QUIET = 16 /* no start report */ };
 enum { X_TIMEDOUT = 1, X_RESET = 2, X_EXPIRED = 4 };
 
 struct req {
@@ -416,7 +416,7 @@ struct zrsp {
 
 static int zsock = -1;
 static pid_t zpid;
-struct pend { uint32_t id, timeout_ms; };
+struct pend { uint32_t id, timeout_ms, flags; };
 static struct pend pend[MAXRUN];
 static int npend;
 /* Commands that exited before the zygote's report reached init. */
@@ -616,6 +616,7 @@ static void do_exec(char *buf, size_t len, int *fds, int nfds) {
             stage = S_FORK;
         } else {
             pend[npend].id = h.id;
+            pend[npend].flags = h.flags;
             pend[npend++].timeout_ms = h.timeout_ms;
         }
     }
@@ -649,11 +650,12 @@ static void on_zygote_reply(void) {
         return;
     }
     if (n != sizeof z) return;
-    uint32_t timeout_ms = 0;
+    uint32_t timeout_ms = 0, flags = 0;
     int found = 0;
     for (int i = 0; i < npend; i++)
         if (pend[i].id == z.id) {
             timeout_ms = pend[i].timeout_ms;
+            flags = pend[i].flags;
             pend[i] = pend[--npend];
             found = 1;
             break;
@@ -669,11 +671,13 @@ static void on_zygote_reply(void) {
     r->start_ns = z.t0;
     r->deadline_ns = timeout_ms ? z.t0 + (uint64_t)timeout_ms * 1000000ull : 0;
     r->flags = 0;
-    struct rsp s = {0};
-    s.op = R_STARTED;
-    s.id = z.id;
-    s.pid = z.pid;
-    send_rsp(&s);
+    if (!(flags & F_QUIET)) {
+        struct rsp s = {0};
+        s.op = R_STARTED;
+        s.id = z.id;
+        s.pid = z.pid;
+        send_rsp(&s);
+    }
     for (int i = 0; i < ndead; i++)
         if (dead[i].pid == r->pid) {
             finish_run(nruns - 1, dead[i].status, &dead[i].ru, 0, dead[i].end_ns);
