@@ -347,3 +347,20 @@ async def test_lifetime_expiry_reports_killed_by_reset(runtime):
         assert res.killed_by_reset
     finally:
         await sb.close()
+
+
+async def test_persisted_snapshot_lives_in_the_store_on_disk(runtime, small_config):
+    sb = await runtime.create(runtime.workspace_snapshot({"a.txt": "1"}, config=small_config), small_config)
+    try:
+        await sb.exec("echo 2 > a.txt")
+        fast = await sb.snapshot_state()
+        kept = await sb.snapshot_state(persist=True)
+        assert fast.layers[0] == kept.layers[0]  # same content, same layer id
+        assert runtime.store.path(kept.layers[0]).parent == runtime.store.layers_dir
+        child = await runtime.create(kept, small_config)
+        try:
+            assert (await child.exec("cat a.txt")).text() == "2\n"
+        finally:
+            await child.close()
+    finally:
+        await sb.close()

@@ -131,6 +131,8 @@ class Sandbox:
             return
         try:
             if os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG) is None:
+                with contextlib.suppress(Exception):
+                    self.cgroup.thaw()  # a frozen task cannot die
                 _pidfd_kill(self._pidfd)
                 os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
         except (ChildProcessError, OSError):
@@ -443,19 +445,21 @@ class Sandbox:
         self._check()
         return Path(f"/proc/{self.init_pid}/root/root")
 
-    async def snapshot_state(self, meta: dict | None = None) -> Snapshot:
+    async def snapshot_state(self, meta: dict | None = None, *, persist: bool = False) -> Snapshot:
         """Freeze the sandbox's current files into a new immutable snapshot.
 
         Processes are paused (cgroup freezer) while the writable layer is copied,
-        so the layer is a consistent cut; they continue afterwards.
+        so the layer is a consistent cut; they continue afterwards. The layer is
+        kept on the runtime's tmpfs (fast, gone at reboot) unless `persist`, which
+        writes it to the store on disk (and keeps the snapshot usable after a reboot).
         """
         self._check()
-        self.cgroup.freeze()
         try:
-            # In memory (tmpfs) and inline: a thread hand-off costs more than the copy.
-            layer = self.runtime.store.add_tree(self.upper_dir(), memory=True)
+            self.cgroup.freeze()
+            # Inline, not in a thread: a thread hand-off costs more than the copy.
+            layer = self.runtime.store.add_tree(self.upper_dir(), memory=not persist)
         finally:
-            self.cgroup.thaw()
+            self.cgroup.thaw()  # also after a freeze that timed out half-way
         snap = self.snapshot.child(layer)
         self.runtime.store.save_snapshot(snap, {"parent": self.snapshot.id, **(meta or {})})
         return snap
