@@ -104,6 +104,11 @@ class Sandbox:
                     return
 
     @property
+    def env(self) -> dict[str, str]:
+        """The environment every command starts with (image env plus config env)."""
+        return dict(self._base_env)
+
+    @property
     def alive(self) -> bool:
         return not self._closed and self._dead_reason is None
 

@@ -35,7 +35,7 @@ import tomli_w
 from pydantic import Field, ValidationError, field_validator
 
 from tryloop.config import _Model
-from tryloop.errors import ConfigError, TryloopError
+from tryloop.errors import TryloopError
 
 Files = Mapping[str, str | bytes]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
@@ -301,11 +301,3 @@ def meta_from_harbor(root: Path, doc: dict[str, Any]) -> dict[str, Any]:
         "test_command": "bash /tests/test.sh", "network": bool(doc.get("environment", {}).get("allow_internet")),
         "test_timeout_s": float(doc.get("verifier", {}).get("timeout_sec", 120.0)),
     }
-
-
-def load_task(path: str | Path) -> Task:
-    """`Task.load`, turning a TaskError into a ConfigError-style message for the CLI."""
-    try:
-        return Task.load(path)
-    except TaskError as e:
-        raise ConfigError(str(e)) from None

@@ -120,7 +120,7 @@ async def run_tests(runtime: SandboxRuntime, task: Task, *, with_solution: bool,
         t0 = time.perf_counter()
         res = await sb.exec(instrumented_command(task.meta.test_command), merge_stderr=True,
                             timeout=min(timeout or task.meta.test_timeout_s, task.meta.test_timeout_s),
-                            env={"PYTHONPATH": ":".join(p for p in (REPORT_DIR, sb._base_env.get("PYTHONPATH")) if p),
+                            env={"PYTHONPATH": ":".join(p for p in (REPORT_DIR, sb.env.get("PYTHONPATH")) if p),
                                  "TRYLOOP_REPORT": REPORT_FILE,
                                  "PYTHONDONTWRITEBYTECODE": "1"})
         wall = time.perf_counter() - t0
