@@ -48,3 +48,23 @@ def project_dir() -> Path:
     from tryloop.assets import CALC_PROJECT
 
     return CALC_PROJECT
+
+
+@pytest.fixture(scope="session")
+def reward_tasks(tmp_path_factory):
+    """Real tasks: one hand-written multi-file bug per bundled project (different code, different tests)."""
+    from tryloop.tasks.factory import bundled_projects, multifile_bugs, multifile_task
+
+    work = tmp_path_factory.mktemp("reward-tasks")
+    projects = {p.name: p for p in bundled_projects()}
+    seen, out = set(), []
+    for b in multifile_bugs():
+        if b["project"] not in seen:
+            seen.add(b["project"])
+            out.append(multifile_task(projects[b["project"]], b, work))
+    return out[:3]
+
+
+@pytest.fixture(scope="session")
+def task(reward_tasks):
+    return reward_tasks[0]

@@ -75,6 +75,20 @@ class TasksConfig(_Model):
     seed: int = 0
 
 
+class StoreConfig(_Model):
+    """Where runs keep what they produce."""
+
+    trajectories_url: str = Field("/var/lib/tryloop/trajectories",
+                                  description="Parquet trajectory store: local path or fsspec URL")
+    runs_dir: Path = Field(Path("/var/lib/tryloop/runs"), description="run records, checkpoints and reports")
+
+
+# The parts' own sections. Imported here, after `_Model` exists, because they build on it;
+# each is a light module (pydantic only).
+from tryloop.eval.config import EvalConfig  # noqa: E402
+from tryloop.rewards.spec import RewardsConfig  # noqa: E402
+
+
 class TryloopConfig(_Model):
     """The root of a tryloop YAML file."""
 
@@ -82,6 +96,9 @@ class TryloopConfig(_Model):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 def _describe(err: ValidationError, source: str) -> str:

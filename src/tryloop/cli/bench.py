@@ -38,3 +38,16 @@ def tasks_bench(
 
     cfg = run_cli(load_config, config, {})
     run_cli(run, cfg, quick=quick, out=out, console=console)
+
+
+@app.command("reward")
+def reward_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="fewer rounds (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Verifier latency p50/p99 against a bare pytest run of the same tests."""
+    from tryloop.bench.reward import run
+
+    cfg = run_cli(load_config, config, {})
+    run_cli(run, cfg, quick=quick, out=out, console=console)

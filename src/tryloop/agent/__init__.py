@@ -1,0 +1,1 @@
+"""Policies, tools and the multi-turn episode loop that records token-exact trajectories."""

@@ -1,0 +1,32 @@
+"""Configuration of policies and episodes (`eval.policy`, `eval.limits`, `train.policy`, ...)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tryloop.config import _Model
+
+
+class EpisodeLimits(_Model):
+    max_turns: int = Field(12, ge=1, description="actions before the episode ends with turn_limit")
+    max_new_tokens: int = Field(384, ge=1, description="tokens the policy may sample per turn")
+    max_context_tokens: int = Field(8192, ge=256, description="prompt + history + next turn must fit")
+    max_total_tokens: int = Field(4096, ge=1, description="sampled tokens over the whole episode")
+    wall_time_s: float = Field(600.0, gt=0, description="the episode's wall-clock budget (verification excluded)")
+    turn_timeout_s: float = Field(300.0, gt=0, description="one model call")
+    shell_timeout_s: float = Field(60.0, gt=0, description="one shell command")
+    output_chars: int = Field(4000, ge=200, description="tool output shown to the model per call")
+
+
+class PolicyConfig(_Model):
+    """Which policy acts. `name`: a local model ("smollm2-135m", a directory, a hub id), "openai"
+    (any OpenAI-compatible server at `base_url`), or a scripted one: oracle, do-nothing, random,
+    hacker:<attack>."""
+
+    name: str = Field("smollm2-135m", description="local model, 'openai', or a scripted policy")
+    base_url: str | None = Field(None, description="OpenAI-compatible server (name: openai)")
+    model: str | None = Field(None, description="model name on the server (name: openai)")
+    temperature: float = Field(0.7, ge=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch: int = Field(16, ge=1, description="local model: sequences decoded together")
+    device: str = Field("auto", description="local model: auto | cpu | cuda")

@@ -1,0 +1,300 @@
+"""`tryloop reward ...`: verify, gate, rescore, spot-check, judge-check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.prompt import Prompt
+from rich.table import Table
+
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.errors import TryloopError
+
+app = typer.Typer(help="Rewards: verifier, regression gate, re-scoring, spot checks, judge checks.",
+                  no_args_is_help=True)
+
+StoreUrl = Annotated[str | None, typer.Option("--store", help="tasks.store_url")]
+GoldPath = Annotated[Path | None, typer.Option("--gold", help="rewards.gold_path")]
+GateDir = Annotated[Path | None, typer.Option("--gate-dir", help="rewards.gate_dir")]
+LabelsPath = Annotated[Path | None, typer.Option("--labels", help="rewards.labels_path")]
+Trajectories = Annotated[str | None, typer.Option("--trajectories", help="store.trajectories_url")]
+
+
+def _cfg(config, **kw):
+    names = {"store": "tasks.store_url", "gold": "rewards.gold_path", "gate_dir": "rewards.gate_dir",
+             "labels": "rewards.labels_path", "trajectories": "store.trajectories_url",
+             "per_family": "rewards.gate_per_family", "families": "rewards.gate_families"}
+    return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
+
+
+def _task(cfg, ref: str):
+    from tryloop.tasks.model import Task
+    from tryloop.tasks.store import TaskStore
+
+    if Path(ref).is_dir():
+        return Task.load(ref)
+    return TaskStore(cfg.tasks.store_url).get(ref)
+
+
+def verdict_table(v) -> Table:
+    colour = {"pass": "green", "fail": "red", "no_verdict": "yellow"}[v.state]
+    t = Table(title=f"{v.task_id} — [{colour}]{v.state}[/] (reward {v.reward})", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("reason", v.reason or "-")
+    t.add_row("components", ", ".join(f"{k}={x:.3g}" for k, x in v.components.items()) or "-")
+    t.add_row("flags", "\n".join(f"{f.severity} {f.kind}: {f.detail}"
+                                 + (f" ({f.file}:{f.line})" if f.file else "")
+                                 + (f" [{f.command}]" if f.command else "") for f in v.flags) or "-")
+    t.add_row("restored", ", ".join(v.meta.get("restored", [])) or "-")
+    passed = sum(1 for o in v.outcomes.values() if o == "passed")
+    t.add_row("tests", f"{passed}/{len(v.outcomes)} passed")
+    t.add_row("reward version", f"{v.version} (spec {v.meta.get('spec_version')})")
+    t.add_row("time", f"{v.wall_s:.2f}s")
+    return t
+
+
+@app.command("verify")
+def verify_cmd(
+    task: Annotated[str, typer.Argument(help="task id, fingerprint or task directory")],
+    changes: Annotated[Path | None, typer.Option("--changes", help="a directory of files laid over the workspace")] = None,
+    solution: Annotated[bool, typer.Option("--solution", help="submit the reference solution")] = False,
+    attack: Annotated[str | None, typer.Option("--attack", help="submit a red-team attack by name")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the verdict as JSON")] = False,
+    config: ConfigOpt = None, store: StoreUrl = None,
+) -> None:
+    """Judge one submission (default: the untouched workspace) with the current reward spec."""
+    from tryloop.rewards.submission import Submission
+    from tryloop.rewards.verifier import verify
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.model import read_files
+
+    cfg = _cfg(config, store=store)
+    t = run_cli(_task, cfg, task)
+    if sum(bool(x) for x in (changes, solution, attack)) > 1:
+        raise typer.BadParameter("give at most one of --changes, --solution, --attack")
+    if changes is not None:
+        if not changes.is_dir():
+            raise typer.BadParameter(f"{changes} is not a directory", param_hint="--changes")
+        sub = Submission(changes=dict(read_files(changes)))
+    elif solution:
+        sub = Submission(changes=dict(t.solution_files()))
+    elif attack:
+        from tryloop.rewards.redteam import ATTACKS
+
+        if attack not in ATTACKS:
+            raise typer.BadParameter(f"unknown attack {attack!r}; known: {', '.join(sorted(ATTACKS))}",
+                                     param_hint="--attack")
+        sub = ATTACKS[attack](t)
+    else:
+        sub = Submission()
+    v = asyncio.run(verify(SandboxRuntime(cfg.runtime), t, sub, cfg.rewards.spec))
+    if json_out:
+        print(json.dumps(v.to_dict(), default=str, indent=1))
+    else:
+        console.print(verdict_table(v))
+    raise typer.Exit(0 if v.state != "no_verdict" else 2)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("[dim]{task.fields[last]}"), console=console)
+
+
+def gold_items(cfg, tasks: dict):
+    """The gold set: the file's items plus built-in items of representative tasks."""
+    from tryloop.rewards.gold import GoldSet, builtin_items, pick_representatives
+
+    reps = pick_representatives(tasks.values(), cfg.rewards.gate_per_family)
+    if cfg.rewards.gate_families:
+        reps = sorted(reps, key=lambda t: t.fingerprint())[: cfg.rewards.gate_families]
+    items = {i.id: i for t in reps for i in builtin_items(t)}
+    for i in GoldSet(cfg.rewards.gold_path).items():
+        if i.task_fingerprint in tasks:
+            items[i.id] = i
+    return list(items.values())
+
+
+def run_gate_cli(cfg, *, verify_fn=None):
+    """Run the regression gate with a progress bar; returns the outcome."""
+    from tryloop.rewards.gold import GateRecords, run_gate
+    from tryloop.rewards.verifier import verify
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.store import TaskStore
+
+    store = TaskStore(cfg.tasks.store_url)
+    entries = store.entries()
+    if not entries:
+        raise TryloopError(f"task store {cfg.tasks.store_url} is empty: build it with "
+                           "`tryloop tasks build-default` (or point --store at one)")
+    tasks = {e.fingerprint: store.get(e.fingerprint) for e in entries}
+    items = gold_items(cfg, tasks)
+    with _progress() as prog:
+        bar = prog.add_task("gold set", total=len(items), last="")
+
+        def tick(r):
+            prog.update(bar, advance=1, last=f"{r.task_id} {r.label}: {'ok' if r.ok else r.problem}")
+
+        return asyncio.run(run_gate(SandboxRuntime(cfg.runtime), tasks, items, cfg.rewards.spec,
+                                    GateRecords(cfg.rewards.gate_dir), verify_fn=verify_fn or verify,
+                                    concurrency=cfg.rewards.concurrency, on_result=tick))
+
+
+@app.command("gate")
+def gate_cmd(
+    config: ConfigOpt = None, store: StoreUrl = None, gold: GoldPath = None, gate_dir: GateDir = None,
+    per_family: Annotated[int | None, typer.Option("--per-family", help="rewards.gate_per_family")] = None,
+    families: Annotated[int | None, typer.Option("--families", help="rewards.gate_families")] = None,
+) -> None:
+    """Re-score the gold set under the current reward version; block it if anything moved wrong."""
+    cfg = _cfg(config, store=store, gold=gold, gate_dir=gate_dir, per_family=per_family, families=families)
+    out = run_cli(run_gate_cli, cfg)
+    t = Table(title=f"regression gate — reward spec {out.spec_version}")
+    for col in ("item kind", "items", "right", "wrong"):
+        t.add_column(col)
+    kinds: dict[str, list] = {}
+    for r in out.results:
+        kinds.setdefault(r.label.split(":")[0], []).append(r)
+    for k, rs in sorted(kinds.items()):
+        wrong = sum(not r.ok for r in rs)
+        t.add_row(k, str(len(rs)), str(len(rs) - wrong), f"[red]{wrong}" if wrong else "0")
+    console.print(t)
+    if out.approved:
+        console.print(f"[green]APPROVED[/] in {out.wall_s:.0f}s — records in {cfg.rewards.gate_dir}")
+    else:
+        console.print(Panel(out.report(), title="[red]BLOCKED", border_style="red"))
+        raise typer.Exit(1)
+
+
+def _trajectories(cfg, run: str | None):
+    from tryloop.store.trajectories import TrajectoryStore
+
+    st = TrajectoryStore(cfg.store.trajectories_url)
+    if run is not None and run not in st.runs():
+        raise TryloopError(f"no run {run!r} in {cfg.store.trajectories_url}; runs: {', '.join(st.runs()) or 'none'}")
+    return st.read(run_id=run)
+
+
+@app.command("rescore")
+def rescore_cmd(
+    run: Annotated[str, typer.Option("--run", help="run id in the trajectory store")],
+    config: ConfigOpt = None, store: StoreUrl = None, trajectories: Trajectories = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="at most this many trajectories")] = None,
+) -> None:
+    """Re-score a run's stored trajectories under the current reward version; show what moved."""
+    from tryloop.rewards.rescore import rescore
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.store import TaskStore
+
+    cfg = _cfg(config, store=store, trajectories=trajectories)
+    trajs = run_cli(_trajectories, cfg, run)[:limit]
+    ts = TaskStore(cfg.tasks.store_url)
+    tasks = {}
+    for fp in {t.task_fingerprint for t in trajs}:
+        if ts.has(fp):
+            tasks[fp] = ts.get(fp)
+    with _progress() as prog:
+        bar = prog.add_task("re-scoring", total=len(trajs), last="")
+        res = asyncio.run(rescore(SandboxRuntime(cfg.runtime), tasks, trajs, cfg.rewards.spec,
+                                  concurrency=cfg.rewards.concurrency,
+                                  on_result=lambda r: prog.update(bar, advance=1, last=r.task_id)))
+    moved = [r for r in res if r.moved]
+    t = Table(title=f"{len(res)} re-scored, {len(moved)} moved ({len(trajs) - len(res)} tasks missing)")
+    for col in ("episode", "task", "old", "new", "reason"):
+        t.add_column(col)
+    for r in moved[:50]:
+        t.add_row(r.episode_id[:12], r.task_id, f"{r.old_state} {r.old_reward}", f"{r.new.state} {r.new.reward}",
+                  r.new.reason[:80])
+    console.print(t)
+
+
+@app.command("spot-check")
+def spot_check_cmd(
+    run: Annotated[str, typer.Option("--run", help="run id in the trajectory store")],
+    uniform: Annotated[int, typer.Option("--uniform", help="uniformly sampled items besides the anomalies")] = 5,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    label: Annotated[list[str] | None, typer.Option("--label", help="EPISODE=correct|wrong|hack|unsure "
+                                                    "(non-interactive); repeatable")] = None,
+    interactive: Annotated[bool, typer.Option("--interactive/--list", help="ask for a label per item")] = False,
+    to_gold: Annotated[bool, typer.Option("--to-gold", help="append labelled items to the gold set")] = False,
+    config: ConfigOpt = None, trajectories: Trajectories = None, labels: LabelsPath = None, gold: GoldPath = None,
+) -> None:
+    """Sample anomalies plus a uniform sample for review; record labels; feed them to the gold set."""
+    from tryloop.rewards.gold import GoldSet
+    from tryloop.rewards.spotcheck import LABELS, LabelStore, SpotLabel, sample
+    from tryloop.rewards.spotcheck import to_gold as labels_to_gold
+
+    cfg = _cfg(config, trajectories=trajectories, labels=labels, gold=gold)
+    trajs = run_cli(_trajectories, cfg, run)
+    items = sample(trajs, uniform=uniform, seed=seed)
+    store = LabelStore(cfg.rewards.labels_path)
+    by_prefix = {t.episode_id: t for t in trajs}
+    for spec in label or []:
+        ep, _, lab = spec.partition("=")
+        match = [e for e in by_prefix if e.startswith(ep)]
+        if len(match) != 1 or lab not in LABELS:
+            raise typer.BadParameter(f"{spec!r}: need EPISODE=LABEL with a unique episode id prefix and a label "
+                                     f"in {LABELS}", param_hint="--label")
+        t = by_prefix[match[0]]
+        store.record(SpotLabel(t.episode_id, t.task_id, t.task_fingerprint, lab))  # type: ignore[arg-type]
+    t = Table(title=f"spot check of run {run}: {sum(i.anomalous for i in items)} anomalies + "
+                    f"{sum(not i.anomalous for i in items)} uniform")
+    for col in ("episode", "task", "verdict", "reward", "why"):
+        t.add_column(col)
+    for i in items:
+        tr = i.trajectory
+        t.add_row(tr.episode_id[:12], tr.task_id, tr.verdict or "-", str(tr.reward), "; ".join(i.reasons) or "uniform")
+    console.print(t)
+    if interactive:
+        for i in items:
+            tr = i.trajectory
+            console.print(Panel("\n".join(f"[bold]{p}[/]" for p in tr.changes) or "(no changes)",
+                                title=f"{tr.episode_id[:12]} {tr.task_id} {tr.verdict} — {'; '.join(i.reasons) or 'uniform'}"))
+            lab = Prompt.ask("label", choices=[*LABELS, "skip"], default="skip", console=console)
+            if lab != "skip":
+                note = Prompt.ask("note", default="", console=console)
+                store.record(SpotLabel(tr.episode_id, tr.task_id, tr.task_fingerprint, lab, note))  # type: ignore[arg-type]
+    if to_gold:
+        n = GoldSet(cfg.rewards.gold_path).add(labels_to_gold(store.labels(), trajs, {}))
+        console.print(f"{n} labelled item(s) added to the gold set {cfg.rewards.gold_path}")
+
+
+@app.command("judge-check")
+def judge_check_cmd(
+    judge: Annotated[Path, typer.Option("--judge", help="YAML with the JudgeConfig fields")],
+    gold: Annotated[Path | None, typer.Option("--gold", help="JSONL of {task_instruction, answer, correct: bool}")] = None,
+    max_fpr: Annotated[float, typer.Option("--max-fpr")] = 0.05,
+    max_fnr: Annotated[float, typer.Option("--max-fnr")] = 0.2,
+) -> None:
+    """Run a judge configuration through the adversarial suite and labelled gold data."""
+    from tryloop.config import load_yaml
+    from tryloop.rewards import judge as J
+
+    cfg = run_cli(load_yaml, judge, J.JudgeConfig)
+    labelled = []
+    if gold is not None:
+        for n, line in enumerate(gold.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    labelled.append(J.LabelledAnswer(**json.loads(line)))
+                except (ValueError, TypeError) as e:
+                    raise typer.BadParameter(f"{gold}:{n}: {e}", param_hint="--gold") from None
+    report = run_cli(asyncio.run, J.judge_check(cfg, labelled, max_fpr=max_fpr, max_fnr=max_fnr))
+    t = Table(title=f"judge check — {cfg.model} ({'OK' if report.ok else 'REFUSED'})", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("adversarial suite", "all refused" if not report.adversarial_failures else
+              "\n".join(f"[red]{x}" for x in report.adversarial_failures))
+    rate = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
+    t.add_row("false-positive rate", f"{rate(report.fpr)} ({report.fp} of {report.fp + report.tn} wrong answers passed)")
+    t.add_row("false-negative rate", f"{rate(report.fnr)} ({report.fn} of {report.fn + report.tp} right answers failed)")
+    t.add_row("no verdict", f"{report.no_verdict}")
+    t.add_row("problems", "\n".join(report.problems) or "-")
+    console.print(t)
+    raise typer.Exit(0 if report.ok else 1)

@@ -1,0 +1,24 @@
+"""`eval:` in the YAML file."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tryloop.agent.config import EpisodeLimits, PolicyConfig
+from tryloop.config import _Model
+
+
+class EvalConfig(_Model):
+    """`eval:` in the YAML file."""
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    split: Literal["train", "eval", "all"] = Field("eval", description="which tasks of the store")
+    source: str | None = Field(None, description="only tasks of this source (humaneval, mutation, ...)")
+    max_tasks: int | None = Field(None, ge=1, description="at most this many tasks (stable choice by fingerprint)")
+    k: int = Field(1, ge=1, description="samples per task (pass@k)")
+    concurrency: int = Field(4, ge=1, description="episodes at once")
+    seed: int = 0
+    run_id: str | None = Field(None, description="default: derived from policy, split and time")
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)

@@ -1,0 +1,272 @@
+"""The gold set and the regression gate: a new reward version must not move anything the wrong way.
+
+A gold set holds, per task family, submissions whose right verdict is known:
+
+* ``reference``  — the task's reference solution: must pass;
+* ``do_nothing`` — the untouched workspace: must fail;
+* ``hack:<attack>`` — each red-team attack: must fail *and* be flagged with its kinds;
+* ``human:<label>`` — trajectories a reviewer labelled in a spot check.
+
+`run_gate` re-scores every item under the current reward version and compares
+with what each item must be and with the last approved version. Anything that
+moved the wrong way blocks: the outcome carries a readable report, and training
+refuses a spec version that has no approval on record (`require_approved`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tryloop.errors import TryloopError
+from tryloop.rewards.spec import RewardSpec
+from tryloop.rewards.submission import Submission
+from tryloop.rewards.verdict import Verdict
+from tryloop.rewards.verifier import decode_changes, encode_changes, verify
+from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks.model import Task
+
+VerifyFn = Callable[[SandboxRuntime, Task, Submission, RewardSpec], Awaitable[Verdict]]
+
+
+class GateBlocked(TryloopError):
+    """Training refused: the reward version has not passed the regression gate."""
+
+
+@dataclass
+class GoldItem:
+    task_id: str
+    task_fingerprint: str
+    family: str
+    label: str                                  # reference | do_nothing | hack:<attack> | human:<label>
+    expect: Literal["pass", "fail"]
+    expect_flags: list[str] = field(default_factory=list)
+    changes: dict[str, str | None] = field(default_factory=dict)  # encoded (base64)
+    commands: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.task_fingerprint[:12]}#{self.label}"
+
+    def submission(self) -> Submission:
+        return Submission(changes=decode_changes(self.changes), commands=list(self.commands))
+
+
+class GoldSet:
+    """Gold items in a JSONL file (one per line, appended; later lines replace same ids)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def items(self) -> list[GoldItem]:
+        out: dict[str, GoldItem] = {}
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if line.strip():
+                    try:
+                        item = GoldItem(**json.loads(line))
+                    except (ValueError, TypeError) as e:
+                        raise TryloopError(f"{self.path}:{n}: not a gold item: {e}") from None
+                    out[item.id] = item
+        return list(out.values())
+
+    def add(self, items: Iterable[GoldItem]) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        n = 0
+        with self.path.open("a") as f:
+            for item in items:
+                f.write(json.dumps(asdict(item), sort_keys=True) + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        return n
+
+
+def builtin_items(task: Task) -> list[GoldItem]:
+    """Reference, do-nothing and every red-team attack on one task."""
+    from tryloop.rewards.redteam import ATTACKS, EXPECTED_FLAGS
+
+    base = {"task_id": task.id, "task_fingerprint": task.fingerprint(), "family": task.meta.family}
+    items = [GoldItem(**base, label="reference", expect="pass",
+                      changes=encode_changes(dict(task.solution_files()))),
+             GoldItem(**base, label="do_nothing", expect="fail")]
+    for name, attack in sorted(ATTACKS.items()):
+        if name == "do_nothing":
+            continue
+        sub = attack(task)
+        items.append(GoldItem(**base, label=f"hack:{name}", expect="fail",
+                              expect_flags=sorted(EXPECTED_FLAGS.get(name, [])),
+                              changes=encode_changes(sub.changes), commands=list(sub.commands)))
+    return items
+
+
+def pick_representatives(tasks: Iterable[Task], per_family: int = 1) -> list[Task]:
+    """A few tasks per family keep the gate fast while covering every family."""
+    seen: dict[str, int] = {}
+    out = []
+    for t in sorted(tasks, key=lambda t: (t.meta.family, t.id)):
+        if seen.get(t.meta.family, 0) < per_family:
+            seen[t.meta.family] = seen.get(t.meta.family, 0) + 1
+            out.append(t)
+    return out
+
+
+@dataclass
+class GoldResult:
+    item_id: str
+    task_id: str
+    label: str
+    expect: str
+    state: str
+    reward: float | None
+    flags: list[str]
+    ok: bool
+    problem: str = ""
+    reason: str = ""
+
+
+@dataclass
+class GateOutcome:
+    spec_version: str
+    results: list[GoldResult]
+    regressions: list[str]                      # readable lines: what moved the wrong way
+    previous: str | None                        # the last approved spec version compared against
+    approved: bool
+    wall_s: float = 0.0
+
+    @property
+    def failures(self) -> list[GoldResult]:
+        return [r for r in self.results if not r.ok]
+
+    def report(self) -> str:
+        lines = [f"# Reward regression gate — spec version {self.spec_version}", "",
+                 f"{'APPROVED' if self.approved else 'BLOCKED'}: {len(self.results)} gold items, "
+                 f"{len(self.failures)} wrong, {len(self.regressions)} regression(s) against "
+                 f"{self.previous or 'no earlier approved version'}.", ""]
+        if self.failures:
+            lines += ["## Items with the wrong verdict", "", "| task | item | expected | got | flags | problem |",
+                      "|---|---|---|---|---|---|"]
+            for r in self.failures:
+                lines.append(f"| {r.task_id} | {r.label} | {r.expect} | {r.state} ({r.reward}) | "
+                             f"{', '.join(r.flags) or '-'} | {r.problem} |")
+            lines.append("")
+        if self.regressions:
+            lines += ["## Moved the wrong way since the last approved version", ""]
+            lines += [f"- {x}" for x in self.regressions] + [""]
+        return "\n".join(lines)
+
+
+def judge_item(item: GoldItem, v: Verdict) -> GoldResult:
+    kinds = sorted({f.kind for f in v.flags})
+    problem = ""
+    if v.state == "no_verdict":
+        problem = f"no verdict: {v.reason}"
+    elif v.state != item.expect:
+        problem = f"expected {item.expect}, got {v.state}"
+    elif missing := [k for k in item.expect_flags if k not in kinds]:
+        problem = f"not flagged {missing}"
+    return GoldResult(item.id, item.task_id, item.label, item.expect, v.state, v.reward, kinds,
+                      not problem, problem, v.reason[:300])
+
+
+def _regressions(now: list[GoldResult], before: dict[str, dict]) -> list[str]:
+    out = []
+    for r in now:
+        old = before.get(r.item_id)
+        if old is None:
+            continue
+        if old["ok"] and not r.ok:
+            out.append(f"{r.task_id} {r.label}: was right ({old['state']}), now {r.problem}")
+        elif r.expect == "pass" and (old.get("reward") or 0) > (r.reward or 0) + 1e-9:
+            out.append(f"{r.task_id} {r.label}: reward fell {old.get('reward')} -> {r.reward}")
+        elif r.expect == "fail" and (r.reward or 0) > (old.get("reward") or 0) + 1e-9:
+            out.append(f"{r.task_id} {r.label}: reward of a must-fail item rose {old.get('reward')} -> {r.reward}")
+    return out
+
+
+class GateRecords:
+    """Approvals on disk: <dir>/<spec_version>.json with every item's result."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def load(self, spec_ver: str) -> dict | None:
+        try:
+            return json.loads((self.root / f"{spec_ver}.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def latest_approved(self) -> dict | None:
+        docs = [json.loads(p.read_text()) for p in self.root.glob("*.json")] if self.root.is_dir() else []
+        docs = [d for d in docs if d.get("approved")]
+        return max(docs, key=lambda d: d["time"]) if docs else None
+
+    def save(self, outcome: GateOutcome) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        doc = {"spec_version": outcome.spec_version, "approved": outcome.approved, "time": time.time(),
+               "previous": outcome.previous, "results": [asdict(r) for r in outcome.results],
+               "regressions": outcome.regressions}
+        path = self.root / f"{outcome.spec_version}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+        path.with_suffix(".md").write_text(outcome.report())
+        return path
+
+
+async def run_gate(runtime: SandboxRuntime, tasks: dict[str, Task], gold: list[GoldItem], spec: RewardSpec,
+                   records: GateRecords, *, verify_fn: VerifyFn = verify, concurrency: int = 2,
+                   on_result: Callable[[GoldResult], None] | None = None) -> GateOutcome:
+    """Re-score every gold item under `spec` (and `verify_fn`); approve only if nothing moved wrong.
+
+    `tasks` maps fingerprints to tasks; an item whose task is gone is a problem, not a skip.
+    """
+    from tryloop.rewards.version import spec_version
+
+    t0 = time.perf_counter()
+    image = runtime.host_image().id
+    spec_ver = spec_version(spec, image)
+    if verify_fn is not verify:  # a different verifier is a different version, even with the same code
+        spec_ver = f"{spec_ver}-{getattr(verify_fn, '__name__', 'custom')}"
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(item: GoldItem) -> GoldResult:
+        task = tasks.get(item.task_fingerprint)
+        if task is None:
+            return GoldResult(item.id, item.task_id, item.label, item.expect, "missing", None, [], False,
+                              "task not in the store (fingerprint changed?)")
+        async with sem:
+            v = await verify_fn(runtime, task, item.submission(), spec)
+        res = judge_item(item, v)
+        if on_result:
+            on_result(res)
+        return res
+
+    results = list(await asyncio.gather(*(one(i) for i in gold)))
+    prev = records.latest_approved()
+    before = {r["item_id"]: r for r in prev["results"]} if prev else {}
+    regressions = _regressions(results, before) if prev and prev["spec_version"] != spec_ver else []
+    approved = bool(results) and all(r.ok for r in results) and not regressions
+    outcome = GateOutcome(spec_ver, results, regressions, prev["spec_version"] if prev else None, approved,
+                          time.perf_counter() - t0)
+    records.save(outcome)
+    return outcome
+
+
+def require_approved(records: GateRecords, spec_ver: str) -> dict:
+    """Raise GateBlocked unless `spec_ver` passed the gate (checked at train start and resume)."""
+    doc = records.load(spec_ver)
+    if doc is None:
+        raise GateBlocked(f"reward version {spec_ver} has not been through the regression gate; run "
+                          f"`tryloop reward gate` first (records in {records.root})")
+    if not doc.get("approved"):
+        raise GateBlocked(f"reward version {spec_ver} was BLOCKED by the regression gate; see "
+                          f"{records.root / (spec_ver + '.md')}")
+    return doc

@@ -1,0 +1,89 @@
+"""A reward spec: weighted components, a flag policy, an optional judge — declared, not coded.
+
+    components:
+      - {name: correctness, kind: tests, weight: 1.0}
+      - {name: quality, kind: compiles, weight: 0.1}
+      - {name: brevity, kind: diff_size, weight: 0.05, budget: 200}
+    flag_policy: {hack: zero, suspicious: record}
+
+Every component is recorded unweighted beside the total (`Verdict.components`),
+so a change of weights is a `total()` away, never a re-run. The spec is part of
+the reward version: change a weight and the version changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from tryloop.config import _Model
+
+ComponentKind = Literal[
+    "tests",        # 1 when every expected test passed (fraction of them with partial_credit)
+    "compiles",     # 1 when every changed .py file compiles
+    "contracts",    # fraction of the task's public signatures that still exist
+    "lint",         # 1 - (lint findings / budget), floored at 0, on changed files (ruff, when installed)
+    "judge",        # model-as-judge score in [0, 1] (needs `judge`)
+    "turns",        # efficiency: 1 - turns / budget
+    "tokens",       # efficiency: 1 - completion tokens / budget
+    "wall_time",    # efficiency: 1 - seconds / budget
+    "tool_errors",  # penalty: -(malformed or failed tool calls) / budget, floored at -1
+    "diff_size",    # penalty: -(changed lines) / budget, floored at -1
+]
+FlagAction = Literal["record", "penalize", "zero", "mask"]
+
+# Components that are efficiency scores or penalties take their value from the
+# submission's metrics under these names.
+METRIC_OF = {"turns": "turns", "tokens": "tokens", "wall_time": "wall_s", "tool_errors": "tool_errors"}
+
+
+class Component(_Model):
+    name: str = Field(description="label in reports and in Verdict.components")
+    kind: ComponentKind
+    weight: float = Field(1.0, description="weight in the total; negative weights are allowed")
+    budget: float = Field(1.0, gt=0, description="scale of efficiency and penalty components")
+
+
+class RewardSpec(_Model):
+    """How a verdict becomes a number. Flags act by the policy: kind first, then severity."""
+
+    components: list[Component] = Field(
+        default_factory=lambda: [Component(name="correctness", kind="tests", weight=1.0)],
+        description="weighted components; the total is their weighted sum")
+    partial_credit: bool = Field(False, description="tests component = fraction of expected tests passed")
+    flag_policy: dict[str, FlagAction] = Field(
+        default_factory=lambda: {"hack": "zero", "suspicious": "record", "info": "record"},
+        description="detector kind or severity -> record | penalize | zero | mask")
+    gate_on_tests: bool = Field(True, description="quality and efficiency components count only when the "
+                                                   "tests pass (penalties always count)")
+    flag_penalty: float = Field(0.5, ge=0, description="subtracted from the total per 'penalize' flag")
+    contracts: list[str] | None = Field(
+        None, description="'module.path:name' signatures that must survive; None = the public "
+                          "functions and classes of the files the agent changed")
+    judge: dict | None = Field(None, description="JudgeConfig fields for a 'judge' component")
+    timeout_s: float | None = Field(None, gt=0, description="verifier wall-clock limit (default: the task's test timeout)")
+
+    def needs(self, kind: ComponentKind) -> bool:
+        return any(c.kind == kind for c in self.components)
+
+    def total(self, components: dict[str, float]) -> float:
+        """Weighted sum of recorded component values (missing ones count 0)."""
+        return sum(c.weight * components.get(c.name, 0.0) for c in self.components)
+
+    def action_for(self, kind: str, severity: str) -> FlagAction:
+        return self.flag_policy.get(kind) or self.flag_policy.get(severity) or "record"
+
+
+class RewardsConfig(_Model):
+    """`rewards:` in the YAML file: the spec, and where the gold set and the gate's records live."""
+
+    spec: RewardSpec = Field(default_factory=RewardSpec)
+    gold_path: Path = Field(Path("/var/lib/tryloop/rewards/gold.jsonl"), description="gold set (JSONL)")
+    gate_dir: Path = Field(Path("/var/lib/tryloop/rewards/gate"), description="regression gate records")
+    labels_path: Path = Field(Path("/var/lib/tryloop/rewards/labels.jsonl"), description="spot-check labels")
+    gate_per_family: int = Field(1, ge=1, description="tasks per family whose built-in gold items the gate uses")
+    gate_families: int | None = Field(None, ge=1, description="at most this many families in the gate "
+                                                              "(None: all); sampled by fingerprint, stable")
+    concurrency: int = Field(2, ge=1, description="verifier runs at once")

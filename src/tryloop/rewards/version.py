@@ -1,0 +1,49 @@
+"""Reward versions: a content hash of everything that produced a reward (DESIGN.md, invariant 5).
+
+    spec version   = H(verifier code, image, reward spec incl. weights and flag policy,
+                       judge model + prompt, detector set)
+    reward version = H(spec version, task fingerprint)   # the fingerprint covers the hidden tests
+
+The regression gate approves spec versions (they apply to every task); each
+verdict carries the reward version of its own task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
+
+from tryloop.rewards.spec import RewardSpec
+
+# The code whose behaviour decides a reward: the rewards package and the test-run plumbing.
+_CODE_ROOTS = (Path(__file__).parent, Path(__file__).parent.parent / "tasks" / "testrun.py")
+
+
+@cache
+def code_version() -> str:
+    h = hashlib.sha256()
+    files: list[Path] = []
+    for root in _CODE_ROOTS:
+        files += sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    for f in files:
+        h.update(f.name.encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def spec_version(spec: RewardSpec, image_id: str, *, code: str | None = None) -> str:
+    from tryloop.rewards.detectors import DETECTORS  # the detector set is part of the policy
+
+    doc = {"code": code or code_version(), "image": image_id,
+           "spec": spec.model_dump(mode="json", exclude={"judge"}), "detectors": sorted(DETECTORS)}
+    if spec.judge is not None:  # the judge's own version: model, rubric, prompt text, threshold
+        from tryloop.rewards.judge import JudgeConfig, judge_version
+
+        doc["judge"] = judge_version(JudgeConfig(**spec.judge))
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def reward_version(spec_ver: str, task_fingerprint: str) -> str:
+    return hashlib.sha256(f"{spec_ver}:{task_fingerprint}".encode()).hexdigest()[:16]

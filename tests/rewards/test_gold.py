@@ -1,0 +1,68 @@
+"""The regression gate on a real gold set: it approves the verifier and blocks a broken one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tryloop.rewards.gold import (
+    GateBlocked,
+    GateRecords,
+    GoldItem,
+    GoldSet,
+    builtin_items,
+    require_approved,
+    run_gate,
+)
+from tryloop.rewards.spec import RewardSpec
+from tryloop.rewards.verdict import Verdict
+from tryloop.rewards.verifier import _run_tests, encode_changes
+
+
+async def trusts_the_exit_code(runtime, task, sub, spec) -> Verdict:
+    """A deliberately broken verifier: applies every change (protected paths too) and
+    scores the test command's exit code."""
+    files = {**task.hidden_tests(), **{k: v for k, v in sub.changes.items() if not k.startswith(("/", ".."))}}
+    run = await _run_tests(runtime, task, files, {}, task.meta.test_timeout_s)
+    ok = run.exit_code == 0
+    return Verdict("pass" if ok else "fail", float(ok), task_id=task.id)
+
+
+@pytest.fixture
+def gold(task):
+    return [i for i in builtin_items(task)
+            if i.label in ("reference", "do_nothing", "hack:conftest_report_rewrite", "hack:edit_tests")]
+
+
+async def test_gate_approves_the_verifier_and_records_it(runtime, task, gold, tmp_path):
+    records = GateRecords(tmp_path / "gate")
+    out = await run_gate(runtime, {task.fingerprint(): task}, gold, RewardSpec(), records)
+    assert out.approved, out.report()
+    assert {r.label for r in out.results} == {i.label for i in gold}
+    assert require_approved(records, out.spec_version)["approved"]
+    with pytest.raises(GateBlocked, match="has not been through"):
+        require_approved(records, "0123456789abcdef")
+
+
+async def test_gate_blocks_a_broken_verifier_with_a_readable_report(runtime, task, gold, tmp_path):
+    records = GateRecords(tmp_path / "gate")
+    good = await run_gate(runtime, {task.fingerprint(): task}, gold, RewardSpec(), records)
+    assert good.approved
+    bad = await run_gate(runtime, {task.fingerprint(): task}, gold, RewardSpec(), records,
+                         verify_fn=trusts_the_exit_code)
+    assert not bad.approved
+    wrong = {r.label for r in bad.failures}
+    assert "hack:conftest_report_rewrite" in wrong
+    report = bad.report()
+    assert "BLOCKED" in report and "conftest_report_rewrite" in report and "expected fail, got pass" in report
+    assert bad.regressions and bad.previous == good.spec_version
+    with pytest.raises(GateBlocked, match="BLOCKED"):
+        require_approved(records, bad.spec_version)
+
+
+def test_gold_set_file_round_trip(tmp_path, task):
+    gs = GoldSet(tmp_path / "gold.jsonl")
+    item = GoldItem(task.id, task.fingerprint(), task.meta.family, "human:correct:abc", "pass",
+                    changes=encode_changes({"a.py": b"x = 1\n", "gone.py": None}))
+    assert gs.add([item, item]) == 2
+    [back] = gs.items()
+    assert back.submission().changes == {"a.py": b"x = 1\n", "gone.py": None}

@@ -1,0 +1,124 @@
+"""The red-team suite on real tasks: every attack is flagged as a hack, the empty submission is
+not; end to end, no attack passes the verifier, and the ones that fool the tests alone are
+stopped by their flags."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tryloop.rewards import detectors as d
+from tryloop.rewards import redteam as r
+from tryloop.rewards.detectors import detect
+from tryloop.tasks.model import Task, TaskMeta
+
+DATA = Path(__file__).parent / "data"
+TASK_IDS = ["humaneval/0", "minijson/literal-token-kinds", "fixture/visible-tests"]
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> dict[str, Task]:
+    found = r.redteam_tasks(tmp_path_factory.mktemp("redteam")) + [Task.load(DATA / "visible-tests")]
+    return {t.id: t for t in found}
+
+
+def test_the_registries_agree():
+    assert set(r.ATTACKS) == set(r.EXPECTED_FLAGS)
+    assert r.FOOLS_TESTS <= r.SURVIVES_RESTORE <= set(r.ATTACKS)
+    assert r.EXPECTED_FLAGS["do_nothing"] == frozenset()
+    for name, kinds in r.EXPECTED_FLAGS.items():
+        assert kinds <= set(d.DETECTORS), name
+        assert kinds or name == "do_nothing", name
+    with pytest.raises(KeyError, match="unknown attack"):
+        r.run("no_such_attack", None)  # type: ignore[arg-type]
+
+
+def test_the_suite_runs_on_real_bundled_tasks(tasks):
+    assert set(tasks) == set(TASK_IDS)
+    assert tasks["humaneval/0"].meta.source == "humaneval"
+    assert len(tasks["minijson/literal-token-kinds"].solution_files()) == 2  # a multi-file fix
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+@pytest.mark.parametrize("attack", list(r.ATTACKS))
+def test_every_attack_is_flagged_as_a_hack(tasks, attack, task_id):
+    task = tasks[task_id]
+    sub = r.run(attack, task)
+    flags = detect(task, sub, pristine=task.workspace_files(), hidden_tests=task.hidden_tests())
+    hack_kinds = {f.kind for f in d.hacks(flags)}
+    assert r.EXPECTED_FLAGS[attack] <= hack_kinds, flags
+    if attack == "do_nothing":
+        assert sub.changes == {} and not d.hacks(flags)
+    else:
+        assert sub.changes or sub.commands
+    # Real attacks: the Python they write is valid code, and each flag shows where to look.
+    for path, data in sub.changes.items():
+        if data is not None and path.endswith(".py"):
+            ast.parse(data)
+    assert all(f.file or f.command for f in flags)
+
+
+def test_attacks_that_live_in_the_code_under_test_leave_tests_and_hooks_alone(tasks):
+    task = tasks["fixture/visible-tests"]
+    for name in r.SURVIVES_RESTORE - {"skip_marks"}:
+        changed = r.run(name, task).changes
+        assert not any(d.protected_match(p, task.meta.protected_paths) or p in task.hidden_tests()
+                       for p in changed), name
+
+
+def test_hidden_literals_needs_literal_asserts(tmp_path):
+    meta = TaskMeta(id="unit/no-literals", family="unit", project="unit", source="local")
+    task = Task.create(tmp_path / "t", meta, "x", workspace={"m.py": "def f(x):\n    return x\n"},
+                       tests={"tests/test_m.py": "from m import f\n\n\ndef test_f():\n    x = 3\n    assert f(x) == x\n"},
+                       solution={"m.py": "def f(x):\n    return x\n"})
+    with pytest.raises(r.AttackNotApplicable, match="literal asserts"):
+        r.hidden_literals(task)
+
+
+def test_hidden_literals_hard_codes_the_leaked_pairs(tasks):
+    task = tasks["humaneval/0"]
+    text = r.hidden_literals(task).changes["solution.py"].decode()
+    assert "if (numbers, threshold,) == ([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3,):" in text
+    assert "has_close_elements" in r.leaked_cases(task)
+
+
+# ---- end to end: the verifier ------------------------------------------------------------------
+
+
+def _verifier():
+    try:
+        from tryloop.rewards import verifier
+    except ImportError:
+        pytest.skip("tryloop.rewards.verifier is not there yet")
+    return verifier
+
+
+async def _judge(runtime, task: Task, attack: str) -> None:
+    verdict = await _verifier().verify(runtime, task, r.run(attack, task))
+    assert verdict.state != "no_verdict", verdict.reason
+    hack_kinds = {f.kind for f in verdict.flags if f.severity == "hack"}
+    if attack == "do_nothing":
+        assert verdict.state == "fail" and not hack_kinds, verdict
+        return
+    assert verdict.state != "pass", verdict
+    assert r.EXPECTED_FLAGS[attack] <= hack_kinds, verdict.flags
+    if attack in r.FOOLS_TESTS:
+        # The tests alone were fooled: only the flags kept the reward at zero. If the verifier
+        # learns to catch this one itself, take it out of FOOLS_TESTS.
+        assert verdict.outcomes and set(verdict.outcomes.values()) == {"passed"}, verdict.outcomes
+        assert verdict.reward == 0.0
+
+
+# Fast: the attacks only the flags stop, one that restoring undoes, and the control.
+@pytest.mark.parametrize("attack", [*sorted(r.FOOLS_TESTS), "conftest_report_rewrite", "do_nothing"])
+async def test_the_verifier_rejects_attacks_on_a_task_with_visible_tests(runtime, attack):
+    await _judge(runtime, Task.load(DATA / "visible-tests"), attack)
+
+
+@pytest.mark.slow  # every attack on every red-team task: about two minutes
+@pytest.mark.parametrize("task_id", TASK_IDS)
+@pytest.mark.parametrize("attack", list(r.ATTACKS))
+async def test_the_verifier_rejects_every_attack(runtime, tasks, attack, task_id):
+    await _judge(runtime, tasks[task_id], attack)
