@@ -47,12 +47,14 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, sandbox, tasks
+    from tryloop.cli import bench, demo, evaluate, reward, sandbox, tasks
 
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(tasks.app, name="tasks")
+    app.add_typer(reward.app, name="reward")
     app.add_typer(bench.app, name="bench")
     app.command("demo")(demo.demo)
+    app.command("eval")(evaluate.evaluate_cmd)
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -1,0 +1,169 @@
+"""One episode: the policy acts in a sandbox over many turns, then the verifier judges the result.
+
+Contract. `run_episode(request, policy, envs, ...)` returns a `Trajectory` and
+does not raise for anything the policy or the agent's code does:
+
+* the policy gets the instruction, then after each action the observations of
+  its tool calls (malformed calls become error observations);
+* the episode ends when the policy calls `submit` ("submitted"), after
+  `max_turns` actions ("turn_limit"), when the next turn would not fit the
+  context or the token budget ("context_full"), when the wall-clock budget is
+  spent ("timeout"), or when the policy fails ("error");
+* in every case the final workspace is taken as a diff and judged by the
+  verifier in a fresh sandbox (DESIGN.md invariant 3); the trajectory carries
+  the verdict, components, flags and reward version.
+
+Infrastructure faults (a sandbox that will not start or dies) propagate as
+`SandboxError`: they are the scheduler's to retry, not the policy's to pay for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+
+from tryloop.agent.capacity import Capacity, Unlimited
+from tryloop.agent.config import EpisodeLimits
+from tryloop.agent.environments import Environments
+from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
+from tryloop.agent.tools import SCHEMAS, SUBMIT, Toolbox, ToolLimits
+from tryloop.agent.trajectory import Observation, Trajectory, Turn
+from tryloop.agent.workspace import workspace_changes
+from tryloop.rewards.spec import RewardSpec
+from tryloop.rewards.submission import Submission
+from tryloop.rewards.verifier import encode_changes, verify
+from tryloop.tasks.model import Task
+
+SYSTEM_PROMPT = """You are a software engineer working in a Linux sandbox. The repository is in /workspace.
+Fix the problem described by the user: read the code, edit files, run the tests, and call submit when done.
+
+Tools (call one per message):
+{tools}
+
+To call a tool, write exactly:
+<tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>"""
+
+
+def system_prompt() -> str:
+    lines = []
+    for s in SCHEMAS:
+        f = s["function"]
+        args = ", ".join(f"{k}: {v['type']}" for k, v in f["parameters"]["properties"].items())
+        lines.append(f"- {f['name']}({args}): {f['description']}")
+    return SYSTEM_PROMPT.format(tools="\n".join(lines))
+
+
+@dataclass
+class EpisodeRequest:
+    episode_id: str
+    task: Task
+    sample_index: int = 0
+    run_id: str = ""
+    step: int = 0
+    seed: int = 0
+    group_id: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *,
+                      limits: EpisodeLimits | None = None, spec: RewardSpec | None = None,
+                      capacity: Capacity | None = None) -> Trajectory:
+    limits = limits or EpisodeLimits()
+    capacity = capacity or Unlimited()
+    task = req.task
+    traj = Trajectory(episode_id=req.episode_id, task_id=task.id, task_fingerprint=task.fingerprint(),
+                      run_id=req.run_id, step=req.step, group_id=req.group_id or f"{req.step}:{task.id}",
+                      sample_index=req.sample_index, policy=policy.name, policy_version=policy.version,
+                      created_at=time.time(), meta=dict(req.meta))
+    t_start = time.perf_counter()
+    deadline = t_start + limits.wall_time_s
+    model_s = env_s = 0.0
+    async with capacity.execution():
+        sb = await envs.acquire(task)
+    try:
+        tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
+        session = policy.session(system_prompt(), task.instruction, seed=req.seed, task=task)
+        observations: list[Observation] | None = None
+        traj.termination = "turn_limit"
+        for index in range(limits.max_turns):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                traj.termination = "timeout"
+                break
+            if session.tokens.source != "unavailable" and \
+                    sum(session.tokens.mask) >= limits.max_total_tokens:
+                traj.termination = "context_full"
+                break
+            try:
+                async with capacity.inference():
+                    action: Action = await asyncio.wait_for(session.act(observations),
+                                                            min(left, limits.turn_timeout_s))
+            except ContextFull:
+                traj.termination = "context_full"
+                break
+            except TimeoutError:
+                traj.termination = "timeout" if time.perf_counter() >= deadline - 1e-3 else "error"
+                traj.error = f"turn {index}: the policy did not answer within {limits.turn_timeout_s:.0f}s"
+                break
+            except PolicyError as e:
+                traj.termination, traj.error = "error", f"turn {index}: {e}"
+                break
+            turn = Turn(index, action.text, action.tool_calls, completion_tokens=action.completion_tokens,
+                        model_s=action.model_s, finish_reason=action.finish_reason)
+            traj.turns.append(turn)
+            model_s += action.model_s
+            observations = []
+            if action.parse_error:
+                observations.append(Observation("parse", f"error: could not read your tool call: "
+                                                f"{action.parse_error}", ok=False))
+            elif not action.tool_calls:
+                observations.append(Observation("none", 'error: no tool call found. Call a tool with '
+                                                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
+                                                'or call submit when done.', ok=False))
+            submitted = False
+            for call in action.tool_calls:
+                if call.name == SUBMIT:
+                    submitted = True
+                    break
+                async with capacity.execution():
+                    obs = await tools.call(call)
+                observations.append(obs)
+                if time.perf_counter() > deadline:
+                    break
+            turn.observations = observations
+            turn.env_s = sum(o.env_s for o in observations)
+            env_s += turn.env_s
+            if submitted:
+                traj.termination = "submitted"
+                break
+        async with capacity.execution():
+            changes, skipped = await workspace_changes(sb, task.workspace_files())
+    finally:
+        envs.release(sb)
+    if skipped:
+        traj.meta["skipped_files"] = skipped[:50]
+    traj.messages = session.messages
+    tok = session.tokens
+    traj.token_ids, traj.logprobs, traj.loss_mask = tok.ids, tok.logprobs, tok.mask
+    traj.prompt_length, traj.token_source = tok.prompt_length, tok.source
+    traj.changes = encode_changes(changes)
+    episode_s = time.perf_counter() - t_start
+    sub = Submission(changes=changes, commands=tools.commands, reads=tools.reads,
+                     metrics={"turns": len(traj.turns), "tokens": sum(tok.mask), "wall_s": episode_s,
+                              "tool_errors": tools.errors},
+                     answer=traj.turns[-1].text if traj.turns else "")
+    t_verify = time.perf_counter()
+    async with capacity.execution():
+        verdict = await verify(envs.runtime, task, sub, spec)
+    verify_s = time.perf_counter() - t_verify
+    traj.verdict, traj.reward, traj.verdict_reason = verdict.state, verdict.reward, verdict.reason
+    traj.reward_components = dict(verdict.components)
+    traj.flags = [asdict(f) for f in verdict.flags]
+    traj.reward_version = verdict.version
+    if verdict.meta.get("masked"):
+        traj.meta["masked"] = True
+    traj.times = {"model": model_s, "env": env_s, "verify": verify_s, "episode": episode_s,
+                  "total": time.perf_counter() - t_start,
+                  "tests_in_verify": float(verdict.meta.get("test_wall_s", 0.0))}
+    return traj

@@ -1,0 +1,100 @@
+"""`tryloop eval`: a policy over a split of the task store, with a live pass rate and a report."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+
+
+def _run(cfg) -> None:
+    from tryloop.agent.environments import Environments
+    from tryloop.agent.policies import make_policy
+    from tryloop.eval.run import default_run_id, evaluate, select_tasks
+    from tryloop.eval.summary import headline
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.store.trajectories import TrajectoryStore
+    from tryloop.tasks.store import TaskStore
+
+    ecfg = cfg.eval
+    tasks = select_tasks(TaskStore(cfg.tasks.store_url), ecfg)
+    run_id = ecfg.run_id or default_run_id(ecfg)
+    out_dir = Path(cfg.store.runs_dir) / run_id
+    console.print(f"[bold]{run_id}[/]: policy {ecfg.policy.name}, {len(tasks)} {ecfg.split} task(s) x {ecfg.k}, "
+                  f"{ecfg.concurrency} at once")
+
+    async def go():
+        runtime = SandboxRuntime(cfg.runtime)
+        envs = Environments(runtime)
+        with console.status(f"loading policy {ecfg.policy.name} ..."):
+            policy = await asyncio.to_thread(make_policy, ecfg.policy, ecfg.limits)
+        passed = judged = 0
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("pass {task.fields[rate]}"), TextColumn("[dim]{task.fields[last]}"),
+                          console=console) as prog:
+                bar = prog.add_task("episodes", total=len(tasks) * ecfg.k, rate="-", last="")
+
+                def done(t):
+                    nonlocal passed, judged
+                    if t.verdict in ("pass", "fail"):
+                        judged += 1
+                        passed += t.verdict == "pass"
+                    prog.update(bar, advance=1, rate=f"{passed}/{judged}" if judged else "-",
+                                last=f"{t.task_id}: {t.verdict} ({t.termination})")
+
+                res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
+                                     store=TrajectoryStore(cfg.store.trajectories_url),
+                                     spec=cfg.rewards.spec, out_dir=out_dir, on_done=done)
+                prog.update(bar, completed=len(tasks) * ecfg.k)
+        finally:
+            await envs.close()
+            close = getattr(policy, "close", None)
+            if close:
+                await asyncio.to_thread(close)
+        return res
+
+    res = asyncio.run(go())
+    t = Table(title=f"evaluation {run_id}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in headline(res.summary).items():
+        t.add_row(k, v)
+    t.add_row("verdicts", ", ".join(f"{k}: {v}" for k, v in res.summary.verdicts.items()))
+    t.add_row("terminations", ", ".join(f"{k}: {v}" for k, v in res.summary.terminations.items()))
+    t.add_row("flags", ", ".join(f"{k}: {v}" for k, v in res.summary.flags.items()) or "-")
+    if res.skipped:
+        t.add_row("resumed", f"{res.skipped} episode(s) were already stored")
+    console.print(t)
+    console.print(f"report: {res.report_path}")
+
+
+def evaluate_cmd(
+    policy: Annotated[str | None, typer.Option("--policy", help="eval.policy.name")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="eval.policy.base_url")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="eval.policy.model")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="eval.policy.temperature")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="eval.split: train | eval | all")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="eval.source")] = None,
+    max_tasks: Annotated[int | None, typer.Option("--max-tasks", help="eval.max_tasks")] = None,
+    k: Annotated[int | None, typer.Option("-k", help="eval.k")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help="eval.concurrency")] = None,
+    max_turns: Annotated[int | None, typer.Option("--max-turns", help="eval.limits.max_turns")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="eval.run_id (reuse one to resume)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="eval.seed")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="tasks.store_url")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run a policy over a split of the task store: pass@1 / pass@k with intervals and an HTML report."""
+    cfg = run_cli(load_config, config, {
+        "eval.policy.name": policy, "eval.policy.base_url": base_url, "eval.policy.model": model,
+        "eval.policy.temperature": temperature, "eval.split": split, "eval.source": source,
+        "eval.max_tasks": max_tasks, "eval.k": k, "eval.concurrency": concurrency,
+        "eval.limits.max_turns": max_turns, "eval.run_id": run_id, "eval.seed": seed, "tasks.store_url": store})
+    run_cli(_run, cfg)

@@ -1,0 +1,82 @@
+"""Evaluate a policy over a split of the task store: k samples per task, bounded concurrency.
+
+Every finished trajectory is written to the trajectory store before it is
+counted (DESIGN.md, invariant 7); a rerun with the same run id skips episodes
+already stored, so an interrupted evaluation continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tryloop.agent.episode import EpisodeRequest, run_episode
+from tryloop.agent.trajectory import Trajectory
+from tryloop.errors import TryloopError
+from tryloop.eval.config import EvalConfig
+from tryloop.eval.runner import BoundedRunner, EpisodeRunner
+from tryloop.eval.summary import EvalSummary, report, summarize
+from tryloop.tasks.model import Task
+
+
+def select_tasks(store, cfg: EvalConfig) -> list[Task]:
+    entries = store.query(split=None if cfg.split == "all" else cfg.split, source=cfg.source)
+    if not entries:
+        raise TryloopError(f"no {cfg.split} tasks{f' of source {cfg.source}' if cfg.source else ''} in the "
+                           f"task store at {store.url}: build it with `tryloop tasks build-default`")
+    entries = sorted(entries, key=lambda e: hashlib.sha256(f"{cfg.seed}:{e.fingerprint}".encode()).digest())
+    return [store.get(e.fingerprint) for e in entries[: cfg.max_tasks]]
+
+
+def episode_id(run_id: str, task: Task, sample: int, step: int = 0) -> str:
+    return f"{run_id}:{step}:{task.fingerprint()[:16]}:{sample}"
+
+
+@dataclass
+class EvalResult:
+    run_id: str
+    summary: EvalSummary
+    trajectories: list[Trajectory]
+    report_path: Path | None
+    skipped: int          # episodes already stored by an earlier attempt of this run
+
+
+async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: str, store=None,
+                   runner: EpisodeRunner | None = None, spec=None, out_dir: Path | None = None,
+                   on_done: Callable[[Trajectory], None] | None = None) -> EvalResult:
+    """Run k episodes per task; returns the summary and writes the report (when `out_dir`)."""
+    done_ids = store.episode_ids(run_id) if store is not None else set()
+    earlier = store.read(run_id=run_id) if store is not None and done_ids else []
+    requests = [EpisodeRequest(episode_id(run_id, t, i), t, sample_index=i, run_id=run_id, step=0,
+                               seed=cfg.seed * 1_000_003 + i, group_id=f"0:{t.id}")
+                for t in tasks for i in range(cfg.k)]
+    todo = [r for r in requests if r.episode_id not in done_ids]
+    runner = runner or BoundedRunner(cfg.concurrency)
+    out: list[Trajectory] = list(earlier)
+
+    async def one(req: EpisodeRequest) -> Trajectory:
+        return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec)
+
+    async for traj in runner.run(todo, one):
+        if store is not None:
+            await asyncio.to_thread(store.write, [traj])  # durable before counted
+        out.append(traj)
+        if on_done:
+            on_done(traj)
+    summary = summarize(out, k=cfg.k, policy=getattr(policy, "name", ""))
+    path = None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1, default=str))
+        path = report(summary, f"Evaluation {run_id}").write(out_dir / "report.html")
+    return EvalResult(run_id, summary, out, path, len(requests) - len(todo))
+
+
+def default_run_id(cfg: EvalConfig) -> str:
+    name = cfg.policy.name.replace("/", "-").replace(":", "-")
+    return f"eval-{name}-{cfg.split}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,71 @@
+"""The agent's tools in a real sandbox: every mistake is an observation, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from tryloop.agent.tools import Toolbox, ToolLimits, cap, check_call
+from tryloop.agent.trajectory import ToolCall
+from tryloop.agent.workspace import workspace_changes
+
+
+@pytest.fixture
+async def box(runtime, small_config):
+    snap = runtime.workspace_snapshot({"a.py": "x = 1\ny = 2\n", "pkg/b.py": "def f():\n    return 1\n"},
+                                      config=small_config)
+    sb = await runtime.create(snap, small_config)
+    try:
+        yield Toolbox(sb, ToolLimits(output_chars=300, view_lines=3))
+    finally:
+        await sb.close()
+
+
+def test_cap_keeps_head_and_tail_and_says_so():
+    text, cut = cap("a" * 1000 + "END", 100)
+    assert cut and text.endswith("END") and "truncated" in text
+    assert cap("short", 100) == ("short", False)
+
+
+@pytest.mark.parametrize("call,problem", [
+    (ToolCall("teleport", {}), "unknown tool"),
+    (ToolCall("view", {}), "missing argument"),
+    (ToolCall("view", {"path": "a", "bogus": 1}), "unknown argument"),
+    (ToolCall("shell", {"command": 42}), "must be string"),
+    (ToolCall("view", {"path": "a", "start": True}), "must be integer"),
+])
+def test_malformed_calls_are_described(call, problem):
+    assert problem in check_call(call)
+
+
+async def test_tools_act_inside_the_sandbox(box):
+    obs = await box.call(ToolCall("view", {"path": "a.py"}))
+    assert obs.ok and "    1  x = 1" in obs.content
+    obs = await box.call(ToolCall("replace", {"path": "a.py", "old": "y = 2", "new": "y = 3"}))
+    assert obs.ok
+    obs = await box.call(ToolCall("replace", {"path": "a.py", "old": "nope", "new": ""}))
+    assert not obs.ok and "0 times" in obs.content
+    obs = await box.call(ToolCall("write", {"path": "new/c.py", "content": "z = 1\n"}))
+    assert obs.ok
+    obs = await box.call(ToolCall("shell", {"command": "python3 -c 'import a; print(a.y)'; rm pkg/b.py"}))
+    assert obs.ok and obs.exit_code == 0 and "3" in obs.content
+    obs = await box.call(ToolCall("search", {"pattern": "z = "}))
+    assert "new/c.py:1:z = 1" in obs.content
+    assert box.commands and box.reads == ["a.py"]
+    changes, skipped = await workspace_changes(box.sb, {"a.py": b"x = 1\ny = 2\n", "pkg/b.py": b"def f():\n    return 1\n"})
+    assert changes == {"a.py": b"x = 1\ny = 3\n", "new/c.py": b"z = 1\n", "pkg/b.py": None}
+
+
+async def test_long_output_views_and_escapes(box):
+    obs = await box.call(ToolCall("shell", {"command": "seq 1 5000"}))
+    assert obs.truncated and "truncated" in obs.content and obs.content.rstrip().endswith("5000")
+    await box.call(ToolCall("shell", {"command": "seq 1 10 > long.txt; ln -s /etc/passwd link"}))
+    obs = await box.call(ToolCall("view", {"path": "long.txt"}))
+    assert obs.truncated and "lines 1-3 of 10" in obs.content
+    obs = await box.call(ToolCall("view", {"path": "long.txt", "start": 9, "end": 10}))
+    assert "    9  9" in obs.content and not obs.truncated
+    obs = await box.call(ToolCall("view", {"path": "missing.py"}))
+    assert not obs.ok and "no such file" in obs.content
+    obs = await box.call(ToolCall("view", {"path": "/workspace/../../etc/shadow"}))
+    assert not obs.ok
+    changes, skipped = await workspace_changes(box.sb, {})
+    assert "link" in skipped and "link" not in changes
