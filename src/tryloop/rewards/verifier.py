@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 
 # Hooks that are never part of a legitimate solution: always restored, whatever the task says.
 ALWAYS_PROTECTED = ["conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest.ini",
-                    "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini"]
+                    "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
+                    # compiled code has no source for a detector to read: never part of a solution
+                    "*.pyc", "*.pyo", "*.so", "*.pyd", "__pycache__/"]
 REPORT_FORGED = "report_forged"
 
 _PLUGIN = r'''
@@ -76,30 +78,42 @@ def _make():
         os.write(fd, (mac + " " + body + "\n").encode())
     return emit
 
-_emit = _make()
-del _make
 # What `python -m pytest` does (the working directory first on sys.path), but only now that
 # pytest itself is imported: a workspace module can no longer stand in for the test framework.
 sys.path.insert(0, os.getcwd())
 
-def pytest_runtest_logreport(report):
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        if hasattr(report, "wasxfail"):
-            outcome = "xfailed" if report.skipped else "xpassed"
-        elif report.failed:
-            outcome = "failed" if report.when == "call" else "error"
-        else:
-            outcome = report.outcome
-        _emit("test", id=report.nodeid, outcome=outcome)
-    elif report.when == "teardown" and report.failed:
-        _emit("test", id=report.nodeid, outcome="error")
 
-def pytest_collectreport(report):
-    if report.failed:
-        _emit("test", id=report.nodeid or "<collection>", outcome="error")
+def _plugin(emit):
+    # The hooks close over `emit`: replacing this module's attributes later (from code under
+    # test) changes nothing pluggy calls.
+    class Plugin:
+        def pytest_runtest_logreport(self, report):
+            if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+                if hasattr(report, "wasxfail"):
+                    outcome = "xfailed" if report.skipped else "xpassed"
+                elif report.failed:
+                    outcome = "failed" if report.when == "call" else "error"
+                else:
+                    outcome = report.outcome
+                emit("test", id=report.nodeid, outcome=outcome)
+            elif report.when == "teardown" and report.failed:
+                emit("test", id=report.nodeid, outcome="error")
 
-def pytest_sessionfinish(session, exitstatus):
-    _emit("finish", exitstatus=int(exitstatus), collected=int(getattr(session, "testscollected", 0)))
+        def pytest_collectreport(self, report):
+            if report.failed:
+                emit("test", id=report.nodeid or "<collection>", outcome="error")
+
+        def pytest_sessionfinish(self, session, exitstatus):
+            emit("finish", exitstatus=int(exitstatus), collected=int(getattr(session, "testscollected", 0)))
+    return Plugin()
+
+
+_records = _plugin(_make())
+
+
+def pytest_configure(config):
+    # Registered before collection, i.e. before any code under test is imported.
+    config.pluginmanager.register(_records, "tryloop-verifier-records")
 '''
 
 
@@ -176,7 +190,7 @@ def _command(task: Task, python: str, plugin_module: str) -> str:
         raise VerifierError(f"task {task.id}: test_command {task.meta.test_command!r} is not a pytest "
                             "command; the verifier needs per-test results")
     args = words[idx + 1:]
-    return shlex.join([python, "-P", "-B", "-m", "pytest", "-p", plugin_module,
+    return shlex.join([python, "-P", "-B", "--check-hash-based-pycs", "always", "-m", "pytest", "-p", plugin_module,
                        "-p", "no:cacheprovider", *args])
 
 
