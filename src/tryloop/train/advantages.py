@@ -1,0 +1,182 @@
+"""Group advantages, and the rules that decide which episodes count at all.
+
+A group is the episodes of one task in one step. An estimator turns the
+rewards of one group into one advantage per episode. Before that, each episode
+is judged:
+
+- masked: it ended cut off (time-out, error, full context), has no verdict, or
+  has no token-exact record. It is left out of the group statistics AND the
+  loss: a missing answer is not a wrong answer (DESIGN.md, invariant 4).
+- flagged: each reward-hack flag maps, by kind or else by severity, to an
+  action; the most severe action of an episode wins:
+  record < penalize (reward - penalty) < zero (reward = 0) < mask.
+- dropped group: all remaining rewards equal (or fewer than two episodes). Every
+  advantage would be 0, so the group costs compute and carries no signal
+  (DAPO dynamic sampling); the run loop may sample more groups to refill.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tryloop.agent.trajectory import Trajectory
+from tryloop.train.config import FlagAction, TrainConfig
+
+Rewards = Sequence[float] | torch.Tensor
+Estimator = Callable[[Rewards], torch.Tensor]
+
+# Rewards closer than this count as equal: a 1e-9 spread would otherwise be
+# blown up to +-1 by the std division of GRPO.
+EQUAL_TOL = 1e-6
+
+
+def _rewards(r: Rewards) -> torch.Tensor:
+    t = torch.as_tensor(r)
+    return t if t.is_floating_point() else t.to(torch.float32)
+
+
+def grpo(rewards: Rewards, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean) / (std + eps). Population std: the group is all we have, not a sample of it."""
+    r = _rewards(rewards)
+    return (r - r.mean()) / (r.std(unbiased=False) + eps)
+
+
+def dr_grpo(rewards: Rewards) -> torch.Tensor:
+    """r - mean. Dr. GRPO: dividing by the std favours groups that are nearly all right or all wrong."""
+    r = _rewards(rewards)
+    return r - r.mean()
+
+
+def rloo(rewards: Rewards) -> torch.Tensor:
+    """r_i - mean of the others = n/(n-1) * (r_i - mean): a baseline that does not contain r_i."""
+    r = _rewards(rewards)
+    n = r.numel()
+    if n < 2:
+        return torch.zeros_like(r)
+    return (r - r.mean()) * (n / (n - 1))
+
+
+ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
+
+
+def get_estimator(name: str, eps: float = 1e-6) -> Estimator:
+    try:
+        fn = ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; known: {sorted(ESTIMATORS)}") from None
+    return functools.partial(fn, eps=eps) if fn is grpo else fn
+
+
+def informative(rewards: Sequence[float]) -> bool:
+    """True when a group can teach anything: at least two rewards, not all equal."""
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > EQUAL_TOL
+
+
+# --- which episodes count -------------------------------------------------
+
+_ACTION_ORDER: dict[FlagAction, int] = {"record": 0, "penalize": 1, "zero": 2, "mask": 3}
+
+
+def flag_action(flags: Sequence[Mapping[str, object]],
+                policy: Mapping[str, FlagAction]) -> tuple[FlagAction, str | None]:
+    """The most severe action any flag asks for, and the kind of the flag that asked."""
+    action: FlagAction = "record"
+    by: str | None = None
+    for f in flags:
+        kind, severity = str(f.get("kind", "")), str(f.get("severity", "hack"))
+        a = policy.get(kind) or policy.get(severity) or "record"
+        if by is None or _ACTION_ORDER[a] > _ACTION_ORDER[action]:
+            action, by = a, kind
+    return action, by
+
+
+def mask_reason(traj: Trajectory, mask_terminations: frozenset[str]) -> str | None:
+    """Why this episode must not be scored, or None when it may."""
+    if traj.termination in mask_terminations:
+        return f"termination:{traj.termination}"
+    if traj.verdict not in ("pass", "fail") or traj.reward is None:
+        return "no_verdict"
+    if traj.token_source == "unavailable":
+        return "no_tokens"
+    return None
+
+
+def group_key(traj: Trajectory) -> str:
+    return traj.group_id or f"{traj.task_id}@{traj.step}"
+
+
+@dataclass
+class AdvantageReport:
+    episodes: int = 0
+    trained: int = 0                    # episodes with an advantage
+    masked: int = 0
+    groups: int = 0
+    dropped_groups: int = 0             # all rewards equal: no signal
+    dropped_episodes: int = 0           # unmasked episodes of dropped groups
+    mask_reasons: Counter[str] = field(default_factory=Counter)
+    flag_actions: Counter[str] = field(default_factory=Counter)  # action -> episodes
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {k: float(getattr(self, k)) for k in
+               ("episodes", "trained", "masked", "groups", "dropped_groups", "dropped_episodes")}
+        out.update({f"mask/{k}": float(v) for k, v in self.mask_reasons.items()})
+        out.update({f"flag/{k}": float(v) for k, v in self.flag_actions.items()})
+        return out
+
+
+@dataclass
+class Advantages:
+    """One entry per input trajectory, in order; advantage None = not trained on."""
+
+    values: list[float | None]
+    rewards: list[float | None]         # the rewards the group statistics saw (after flags)
+    report: AdvantageReport
+
+
+def compute_advantages(trajectories: Sequence[Trajectory],
+                       config: TrainConfig | None = None) -> Advantages:
+    cfg = config or TrainConfig()
+    estimator = get_estimator(cfg.estimator, cfg.adv_eps)
+    n = len(trajectories)
+    report = AdvantageReport(episodes=n)
+    rewards: list[float | None] = [None] * n
+    values: list[float | None] = [None] * n
+
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(trajectories):
+        reason = mask_reason(t, cfg.mask_terminations)
+        action, by = flag_action(t.flags, cfg.flag_policy)
+        if t.flags:
+            report.flag_actions[action] += 1
+        if reason is None and action == "mask":
+            reason = f"flag:{by}"
+        if reason is not None:
+            report.masked += 1
+            report.mask_reasons[reason] += 1
+            continue
+        r = float(t.reward)  # type: ignore[arg-type]  # mask_reason checked it
+        if action == "zero":
+            r = 0.0
+        elif action == "penalize":
+            r -= cfg.flag_penalty
+        rewards[i] = r
+        groups.setdefault(group_key(t), []).append(i)
+
+    report.groups = len(groups)
+    for idx in groups.values():
+        group_rewards = [rewards[i] for i in idx]
+        if not informative(group_rewards):  # type: ignore[arg-type]
+            report.dropped_groups += 1
+            report.dropped_episodes += len(idx)
+            continue
+        adv = estimator(torch.tensor(group_rewards, dtype=torch.float64))
+        for i, a in zip(idx, adv.tolist(), strict=True):
+            values[i] = a
+        report.trained += len(idx)
+    return Advantages(values=values, rewards=rewards, report=report)
+

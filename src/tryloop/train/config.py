@@ -1,0 +1,71 @@
+"""The algorithm knobs of one training run: advantages, loss, optimizer, LoRA."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tryloop.agent.trajectory import Termination
+from tryloop.config import _Model
+
+Estimator = Literal["grpo", "dr_grpo", "rloo"]
+Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
+FlagAction = Literal["record", "penalize", "zero", "mask"]
+
+
+class TrainConfig(_Model):
+    """How trajectories become a policy update. Defaults: GRPO, DAPO clip-higher, token mean, no KL."""
+
+    # Advantages.
+    estimator: Estimator = Field("grpo", description="group advantage estimator: grpo (mean/std), "
+                                 "dr_grpo (mean only), rloo (leave-one-out mean)")
+    adv_eps: float = Field(1e-6, gt=0, description="added to the group std before dividing (grpo)")
+    mask_terminations: frozenset[Termination] = Field(
+        frozenset({"context_full", "timeout", "error"}),
+        description="episodes that ended this way are masked: neither in the group statistics nor "
+                    "in the loss (a cut-off episode says nothing about the policy's answer)")
+    flag_policy: dict[str, FlagAction] = Field(
+        default_factory=lambda: {"hack": "zero", "suspicious": "record", "info": "record"},
+        description="reward-hack flags: flag kind or severity -> record | penalize | zero | mask; "
+                    "a kind entry wins over a severity entry, unlisted flags are recorded")
+    flag_penalty: float = Field(1.0, ge=0, description="subtracted from the reward by a 'penalize' flag")
+
+    # Loss.
+    eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clipped below at 1 - eps_low")
+    eps_high: float = Field(0.28, ge=0, description="ratio clipped above at 1 + eps_high "
+                            "(DAPO clip-higher: > eps_low lets unlikely tokens grow)")
+    aggregation: Aggregation = Field("token_mean", description="token_mean: mean over all policy "
+                                     "tokens of the batch; seq_mean: mean per sequence, then over "
+                                     "sequences; seq_sum_const: sum per sequence / loss_const, then "
+                                     "mean over sequences (Dr. GRPO)")
+    loss_const: int | None = Field(None, ge=1, description="normaliser of seq_sum_const; None = max_length")
+    gspo: bool = Field(False, description="GSPO: one ratio per sequence (geometric mean of token "
+                       "ratios), clipped per sequence; use much smaller eps (e.g. 3e-4 / 4e-4)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference policy; 0 = "
+                           "no reference model is kept")
+    temperature: float = Field(1.0, gt=0, description="logits are divided by this before log_softmax; "
+                               "must match the sampler so that the first ratio is 1")
+    old_logprobs: Literal["sampler", "recompute"] = Field(
+        "sampler", description="sampler: the logprobs recorded at sampling time; recompute: one "
+                               "no-grad forward pass of the current weights before the update")
+    log_entropy: bool = Field(True, description="report the policy entropy (costs a softmax over the vocabulary)")
+
+    # Optimizer.
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; None = no clipping")
+    micro_batch: int = Field(4, ge=1, description="sequences per forward/backward pass")
+    grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step; None = "
+                                   "one optimizer step per call over the whole batch")
+    max_length: int = Field(4096, ge=2, description="sequences are cut to this many tokens (tail dropped)")
+
+    # LoRA.
+    lora: bool = Field(False, description="train a LoRA adapter instead of all weights")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input; 0 keeps "
+                                "the first ratio exactly 1")
+    lora_targets: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
+                                          description="module names that get an adapter")

@@ -1,0 +1,276 @@
+"""The policy update on a Hugging Face causal LM: full fine-tuning or LoRA, AdamW.
+
+One `Learner.step(trajectories, advantages)` call:
+
+    trajectories with an advantage
+      -> mini-batches of micro_batch * grad_accum sequences (one optimizer step each)
+      -> micro-batches of micro_batch sequences, sorted by length (less padding)
+      -> forward, new logprobs of the sampled tokens, policy loss, backward
+      -> after each mini-batch: clip the grad norm, AdamW step
+
+The loss of every micro-batch is divided by the normaliser of its whole
+mini-batch, so the accumulated gradient equals that of one big batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tryloop.agent.trajectory import Trajectory
+from tryloop.train.batch import Batch, collate
+from tryloop.train.config import TrainConfig
+from tryloop.train.losses import normaliser, policy_loss
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[target], without materialising the full log_softmax."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _with_lora(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        return model
+    lc = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                    target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")
+    return get_peft_model(model, lc)
+
+
+class Learner:
+    """Owns the trainable model and its optimizer; `step` applies one batch of advantages."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig | None = None, *,
+                 tokenizer: Any = None, ref_model: nn.Module | None = None) -> None:
+        self.config = cfg = config or TrainConfig()
+        self.tokenizer = tokenizer
+        self.model = _with_lora(model, cfg) if cfg.lora else model
+        self.device = next(self.model.parameters()).device
+        self.pad_id = self._pad_id()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        # KL needs pi_ref. With LoRA it is the same model with the adapter
+        # switched off (no second copy); otherwise a frozen copy taken now.
+        self.ref_model: nn.Module | None = None
+        if cfg.kl_coef > 0 and not cfg.lora:
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.requires_grad_(False).eval()
+        self.optimizer_steps = 0
+
+    def _pad_id(self) -> int:
+        # Padding sits under attention 0 and loss 0, so any valid id works.
+        for src in (self.tokenizer, getattr(self.model, "config", None)):
+            pid = getattr(src, "pad_token_id", None)
+            if isinstance(pid, int):
+                return pid
+        return 0
+
+    # --- forward passes ---------------------------------------------------
+
+    def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """New logprobs (B, T-1) of the target tokens, and the logits that gave them."""
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1]
+        return token_logprobs(logits, batch.input_ids[:, 1:], self.config.temperature), logits
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._forward(self.ref_model, batch)[0]
+        with self.model.disable_adapter():  # type: ignore[operator]
+            return self._forward(self.model, batch)[0]
+
+    @torch.no_grad()
+    def logprobs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        """Current logprob of every token (0.0 for the first), per trajectory; for evaluation."""
+        self.model.eval()
+        out: list[list[float]] = []
+        for chunk in _chunks(list(trajectories), self.config.micro_batch):
+            batch = collate(chunk, [0.0] * len(chunk), self.config.max_length, self.pad_id).to(self.device)
+            lp = self._forward(self.model, batch)[0].float().cpu()
+            for i, t in enumerate(chunk):
+                n = int(batch.attention_mask[i].sum())
+                out.append([0.0] + lp[i, : n - 1].tolist() + [0.0] * (len(t.token_ids) - n))
+        return out
+
+    # --- the update -------------------------------------------------------
+
+    def _plan(self, trajectories: Sequence[Trajectory],
+              advantages: Sequence[float]) -> list[list[Batch]]:
+        cfg = self.config
+        pairs = list(zip(trajectories, advantages, strict=True))
+        per_step = cfg.micro_batch * cfg.grad_accum if cfg.grad_accum else len(pairs)
+        plan = []
+        for mini in _chunks(pairs, per_step):
+            mini.sort(key=lambda p: len(p[0].token_ids))
+            plan.append([collate([t for t, _ in mb], [a for _, a in mb], cfg.max_length, self.pad_id)
+                         .to(self.device) for mb in _chunks(mini, cfg.micro_batch)])
+        return plan
+
+    def step(self, trajectories: Sequence[Trajectory],
+             advantages: Sequence[float | None]) -> dict[str, float]:
+        """Train on every trajectory whose advantage is not None; return metrics."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        kept = [(t, a) for t, a in zip(trajectories, advantages, strict=True) if a is not None]
+        metrics: dict[str, float] = {"sequences": float(len(kept)),
+                                     "skipped": float(len(trajectories) - len(kept))}
+        if not kept:
+            return metrics | {"optimizer_steps": 0.0, "tokens": 0.0}
+        plan = self._plan([t for t, _ in kept], [a for _, a in kept])  # type: ignore[misc]
+
+        if cfg.old_logprobs == "recompute":
+            # Before any update, so every mini-batch's ratio is measured from the same weights.
+            self.model.eval()
+            with torch.no_grad():
+                for b in (b for mini in plan for b in mini):
+                    b.old_logprobs = self._forward(self.model, b)[0].float() * b.loss_mask
+
+        const = cfg.loss_const or cfg.max_length
+        sums: dict[str, float] = {}
+        losses, norms, nonfinite = [], [], 0
+        self.model.train()  # dropout as configured (off by default: the first ratio stays 1)
+        for mini in plan:
+            z = normaliser([b.loss_mask for b in mini], cfg.aggregation, const)
+            step_loss = 0.0
+            for b in mini:
+                ref = self._ref_logprobs(b) if cfg.kl_coef > 0 else None
+                logp, logits = self._forward(self.model, b)
+                ent_logits = None
+                if cfg.log_entropy:
+                    ent_logits = logits.detach()
+                    if cfg.temperature != 1.0:
+                        ent_logits = ent_logits / cfg.temperature
+                out = policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
+                                  eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                  aggregation=cfg.aggregation, loss_const=const, gspo=cfg.gspo,
+                                  ref_logp=ref, kl_coef=cfg.kl_coef, logits=ent_logits, norm=z)
+                out.loss.backward()
+                step_loss += float(out.loss.detach())
+                w = out.stats["tokens"]
+                for k, v in out.stats.items():
+                    sums[k] = sums.get(k, 0.0) + (v if k == "tokens" else v * w)
+                del logp, logits, ent_logits, out
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+            if math.isfinite(norm) and math.isfinite(step_loss):
+                self.optimizer.step()
+                self.optimizer_steps += 1
+            else:
+                nonfinite += 1  # a nan step would poison AdamW's moments for good
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(step_loss)
+            norms.append(norm)
+        self.model.eval()
+
+        tokens = sums.pop("tokens", 0.0)
+        metrics |= {k: v / max(tokens, 1.0) for k, v in sums.items()}
+        seconds = time.perf_counter() - t0
+        metrics |= {
+            "loss": sum(losses) / len(losses),
+            "grad_norm": sum(norms) / len(norms),
+            "tokens": tokens,
+            "truncated": float(sum(b.truncated for mini in plan for b in mini)),
+            "optimizer_steps": float(len(plan) - nonfinite),
+            "nonfinite_steps": float(nonfinite),
+            "step_s": seconds,
+            "tokens_per_s": tokens / seconds,
+        }
+        metrics.setdefault("kl", 0.0)
+        return metrics
+
+    # --- checkpoints and export ---------------------------------------------
+
+    @property
+    def is_lora(self) -> bool:
+        return self.config.lora
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainable weights (all, or the adapter), optimizer state, step count. Tensors are live
+        references: save them before the next step."""
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            weights = get_peft_model_state_dict(self.model)
+        else:
+            weights = self.model.state_dict()
+        return {"model": weights, "optimizer": self.optimizer.state_dict(),
+                "optimizer_steps": self.optimizer_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, state["model"])
+            missing = [k for k in result.missing_keys if "lora_" in k]
+            if missing or result.unexpected_keys:
+                raise ValueError(f"adapter mismatch: missing {missing[:5]}, "
+                                 f"unexpected {list(result.unexpected_keys)[:5]}")
+        else:
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+
+    @torch.no_grad()
+    def export_weights(self, merged: bool = False) -> dict[str, torch.Tensor]:
+        """CPU copies of what an inference engine loads: the full state dict; with LoRA the
+        adapter alone (peft key names), or with merged=True base + adapter folded into full
+        weights under the base model's key names."""
+        if not self.is_lora:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        if not merged:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach().to("cpu", copy=True)
+                    for k, v in get_peft_model_state_dict(self.model).items()}
+        from peft.tuners.lora import Linear as LoraLinear
+
+        base = self.model.get_base_model()  # type: ignore[operator]
+        out = {k.replace(".base_layer.", "."): v.detach().to("cpu", copy=True)
+               for k, v in base.state_dict().items() if ".lora_" not in k}
+        for name, mod in base.named_modules():
+            if isinstance(mod, LoraLinear):
+                w = mod.base_layer.weight + mod.get_delta_weight("default")
+                out[f"{name}.weight"] = w.detach().to("cpu", copy=True)
+        return out
+
+    def save_weights(self, directory: str | Path, merged: bool = False) -> Path:
+        """Write the exported weights as a Hugging Face directory: model.safetensors + config.json
+        (full or merged), or adapter_model.safetensors + adapter_config.json (LoRA)."""
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.is_lora and not merged:
+            self.model.save_pretrained(d)  # type: ignore[operator]  # peft: adapter files only
+        else:
+            base = self.model.get_base_model() if self.is_lora else self.model  # type: ignore[operator]
+            weights = self.export_weights(merged=True)
+            if getattr(base.config, "tie_word_embeddings", False):
+                weights.pop("lm_head.weight", None)  # tied: rebuilt from the embedding on load
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(d / "model.safetensors"),
+                      metadata={"format": "pt"})
+            base.config.to_json_file(str(d / "config.json"))
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(d)
+        return d
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+

@@ -1,0 +1,166 @@
+"""Advantage estimators and the episode rules, against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tryloop.agent.trajectory import Trajectory
+from tryloop.train.advantages import (
+    ESTIMATORS,
+    compute_advantages,
+    dr_grpo,
+    flag_action,
+    get_estimator,
+    grpo,
+    informative,
+    rloo,
+)
+from tryloop.train.config import TrainConfig
+
+
+def approx(values):
+    """pytest.approx for a list that may hold None (no advantage)."""
+    return [v if v is None else pytest.approx(v, rel=1e-6, abs=1e-9) for v in values]
+
+
+# --- estimators ------------------------------------------------------------
+
+def test_grpo_two_of_four():
+    # mean 0.5, population std 0.5: +-0.5 / (0.5 + eps)
+    a = 0.5 / 0.500001
+    assert grpo([1, 0, 0, 1]).tolist() == approx([a, -a, -a, a])
+
+
+def test_grpo_one_of_four():
+    # mean 0.25, std sqrt(0.25 * 0.75) = sqrt(3)/4: winner 0.75/(sqrt3/4) = sqrt3, losers -1/sqrt3
+    a = grpo([1, 0, 0, 0], eps=0.0).tolist()
+    assert a == approx([math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)])
+
+
+def test_dr_grpo_is_mean_centred_only():
+    assert dr_grpo([1, 0, 0, 0]).tolist() == approx([0.75, -0.25, -0.25, -0.25])
+    assert dr_grpo([0.2, 0.6]).tolist() == approx([-0.2, 0.2])
+
+
+def test_rloo_leaves_itself_out():
+    # r_i - mean(others): 1 - 0 = 1; 0 - 1/3
+    assert rloo([1, 0, 0, 0]).tolist() == approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    # 0.5 - (1+0)/2 = 0; 1 - (0.5+0)/2 = 0.75; 0 - (0.5+1)/2 = -0.75
+    assert rloo([0.5, 1.0, 0.0]).tolist() == approx([0.0, 0.75, -0.75])
+    assert rloo([1.0]).tolist() == [0.0]
+
+
+def test_estimators_keep_tensor_dtype_and_sum_to_zero():
+    r = torch.tensor([0.3, 0.9, 0.1, 0.5], dtype=torch.float64)
+    for name in ESTIMATORS:
+        a = get_estimator(name)(r)
+        assert a.dtype == torch.float64
+        assert float(a.sum()) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_registry():
+    assert set(ESTIMATORS) == {"grpo", "dr_grpo", "rloo"}
+    assert get_estimator("grpo", eps=0.5)([1, 0]).tolist() == approx([0.5, -0.5])  # 0.5/(0.5+0.5)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        get_estimator("ppo")
+
+
+def test_informative():
+    assert informative([1, 0])
+    assert not informative([1, 1, 1])
+    assert not informative([0.5])
+    assert not informative([0.4, 0.4 + 1e-9])
+
+
+# --- episode rules -----------------------------------------------------------
+
+def ep(reward, group="g", verdict="auto", termination="submitted", flags=(), **kw) -> Trajectory:
+    if verdict == "auto":
+        verdict = "no_verdict" if reward is None else ("pass" if reward > 0 else "fail")
+    return Trajectory(episode_id=f"e{id(kw)}", task_id="t", group_id=group, reward=reward,
+                      verdict=verdict, termination=termination, flags=list(flags),
+                      token_ids=[1, 2], logprobs=[0.0, -1.0], loss_mask=[0, 1], **kw)
+
+
+def test_cut_off_episodes_are_masked_not_scored():
+    eps = [ep(1.0), ep(0.0), ep(0.0), ep(1.0, termination="timeout"), ep(0.0, termination="error"),
+           ep(0.0, termination="context_full")]
+    out = compute_advantages(eps, TrainConfig(adv_eps=1e-12))
+    # Statistics over [1, 0, 0] only: mean 1/3, std sqrt(2)/3 -> sqrt2 and -1/sqrt2.
+    assert out.values[:3] == approx([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)])
+    assert out.values[3:] == [None, None, None]
+    r = out.report
+    assert (r.masked, r.trained, r.groups, r.dropped_groups) == (3, 3, 1, 0)
+    assert r.mask_reasons == {"termination:timeout": 1, "termination:error": 1,
+                              "termination:context_full": 1}
+
+
+def test_turn_limit_is_scored_by_default():
+    out = compute_advantages([ep(1.0), ep(0.0, termination="turn_limit")],
+                             TrainConfig(estimator="dr_grpo"))
+    assert out.values == approx([0.5, -0.5])
+
+
+def test_no_verdict_is_masked():
+    eps = [ep(1.0), ep(0.0), ep(None), ep(1.0, verdict="no_verdict"), ep(0.0, verdict=None),
+           ep(1.0, token_source="unavailable")]
+    out = compute_advantages(eps, TrainConfig(estimator="dr_grpo"))
+    assert out.values == approx([0.5, -0.5, None, None, None, None])
+    assert out.report.mask_reasons == {"no_verdict": 3, "no_tokens": 1}
+
+
+def test_equal_groups_are_dropped_and_counted():
+    eps = [ep(1.0, "a"), ep(1.0, "a"), ep(0.0, "b"), ep(0.0, "b"), ep(1.0, "c"), ep(0.0, "c"),
+           ep(1.0, "d"), ep(None, "d")]  # d: one scorable episode left
+    out = compute_advantages(eps, TrainConfig(estimator="dr_grpo"))
+    assert out.values == approx([None, None, None, None, 0.5, -0.5, None, None])
+    r = out.report
+    assert (r.groups, r.dropped_groups, r.dropped_episodes, r.trained, r.masked) == (4, 3, 5, 2, 1)
+    assert r.as_metrics()["dropped_groups"] == 3.0
+
+
+def test_group_falls_back_to_task_and_step():
+    a = ep(1.0, group="", step=3)
+    b = ep(0.0, group="", step=3)
+    c = ep(0.5, group="", step=4)
+    out = compute_advantages([a, b, c], TrainConfig(estimator="dr_grpo"))
+    assert out.values == approx([0.5, -0.5, None])
+
+
+def test_flag_policy_kind_wins_over_severity_and_worst_action_wins():
+    policy = {"constant_eq": "mask", "hack": "zero", "suspicious": "penalize"}
+    assert flag_action([], policy) == ("record", None)
+    assert flag_action([{"kind": "odd", "severity": "info"}], policy) == ("record", "odd")
+    assert flag_action([{"kind": "x", "severity": "suspicious"}], policy) == ("penalize", "x")
+    assert flag_action([{"kind": "constant_eq", "severity": "info"}], policy) == ("mask", "constant_eq")
+    assert flag_action([{"kind": "x", "severity": "suspicious"}, {"kind": "y", "severity": "hack"}],
+                       policy) == ("zero", "y")
+
+
+def test_flag_actions_change_rewards():
+    cfg = TrainConfig(estimator="dr_grpo", flag_penalty=0.5,
+                      flag_policy={"hack": "zero", "suspicious": "penalize", "git_history": "mask",
+                                   "info": "record"})
+    eps = [
+        ep(1.0, flags=[{"kind": "protected_path_edit", "severity": "hack"}]),   # -> 0.0
+        ep(1.0, flags=[{"kind": "slow", "severity": "suspicious"}]),            # -> 0.5
+        ep(1.0, flags=[{"kind": "note", "severity": "info"}]),                  # -> 1.0
+        ep(1.0, flags=[{"kind": "git_history", "severity": "hack"}]),           # masked
+        ep(0.0),                                                               # -> 0.0
+    ]
+    out = compute_advantages(eps, cfg)
+    # Group [0, 0.5, 1, 0], mean 0.375.
+    assert out.rewards == approx([0.0, 0.5, 1.0, None, 0.0])
+    assert out.values == approx([-0.375, 0.125, 0.625, None, -0.375])
+    assert out.report.flag_actions == {"zero": 1, "penalize": 1, "record": 1, "mask": 1}
+    assert out.report.mask_reasons == {"flag:git_history": 1}
+
+
+def test_default_flag_policy_zeroes_hacks():
+    out = compute_advantages([ep(1.0, flags=[{"kind": "k", "severity": "hack"}]), ep(1.0)],
+                             TrainConfig(estimator="dr_grpo"))
+    assert out.rewards == [0.0, 1.0]
+    assert out.values == approx([-0.5, 0.5])

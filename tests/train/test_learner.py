@@ -1,0 +1,226 @@
+"""The update step on a real (tiny, randomly initialised) Hugging Face Llama."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tryloop.agent.trajectory import Trajectory
+from tryloop.train.config import TrainConfig
+from tryloop.train.update import Learner, token_logprobs
+
+VOCAB = 64
+
+
+@pytest.fixture
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def episodes(model, n: int, seed: int = 1) -> list[Trajectory]:
+    """n random prompt+completion sequences with the model's own logprobs on the completion."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p, c = (int(x) for x in torch.randint(2, 7, (2,), generator=g))
+        ids = torch.randint(1, VOCAB, (p + c,), generator=g).tolist()
+        out.append(Trajectory(episode_id=f"e{i}", task_id="t", token_ids=ids,
+                              logprobs=[0.0] * (p + c), loss_mask=[0] * p + [1] * c))
+    lps = Learner(model, TrainConfig(micro_batch=3)).logprobs(out)
+    for t, lp in zip(out, lps, strict=True):
+        t.logprobs = [v if m else 0.0 for v, m in zip(lp, t.loss_mask, strict=True)]
+    return out
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def completion_logprob(learner: Learner, trajs) -> list[float]:
+    return [sum(v for v, m in zip(lp, t.loss_mask, strict=True) if m)
+            for t, lp in zip(trajs, learner.logprobs(trajs), strict=True)]
+
+
+def test_token_logprobs_is_log_softmax_gather():
+    logits = torch.randn(2, 3, 5)
+    targets = torch.randint(0, 5, (2, 3))
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None])[..., 0]
+    assert torch.allclose(token_logprobs(logits, targets, 0.7), want, atol=1e-6)
+
+
+def test_logprobs_are_next_token_conditionals(model):
+    # Padded next to a longer sequence, each token's logprob must equal p(token | its prefix).
+    trajs = episodes(model, 2)
+    trajs[1].token_ids = trajs[1].token_ids + [5, 6, 7]
+    trajs[1].logprobs += [0.0] * 3
+    trajs[1].loss_mask += [1] * 3
+    got = Learner(model, TrainConfig(micro_batch=2)).logprobs(trajs)
+    with torch.no_grad():
+        for t, lp in zip(trajs, got, strict=True):
+            ids = torch.tensor([t.token_ids])
+            for j in range(1, len(t.token_ids)):
+                logits = model(input_ids=ids[:, :j]).logits[0, -1]
+                assert lp[j] == pytest.approx(float(torch.log_softmax(logits, -1)[ids[0, j]]), abs=1e-5)
+            assert lp[0] == 0.0
+
+
+def test_step_updates_the_weights(model):
+    trajs = episodes(model, 4)
+    learner = Learner(model, TrainConfig(lr=1e-3, micro_batch=2))
+    before = weights(model)
+    m = learner.step(trajs, [1.0, -1.0, 0.5, -0.5])
+    for key in ("loss", "grad_norm", "clip_frac", "kl", "tokens", "approx_kl", "ratio_mean",
+                "entropy", "step_s"):
+        assert key in m and torch.isfinite(torch.tensor(m[key])), key
+    assert m["optimizer_steps"] == 1 and learner.optimizer_steps == 1
+    assert m["tokens"] == sum(t.completion_tokens for t in trajs)
+    # The logprobs were the model's own: the first ratio is 1, nothing clipped.
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_frac"] == 0.0
+    assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    after = weights(model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "seq_sum_const"])
+@pytest.mark.parametrize("gspo", [False, True])
+def test_micro_batches_add_up_to_the_whole_batch(model, aggregation, gspo):
+    trajs = episodes(model, 8)
+    adv = [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 1.5]
+    # Distinct old logprobs so that some tokens clip.
+    for i, t in enumerate(trajs):
+        t.logprobs = [v + 0.3 * ((i + j) % 3 - 1) * m
+                      for j, (v, m) in enumerate(zip(t.logprobs, t.loss_mask, strict=True))]
+    metrics = []
+    for micro in (8, 3):  # 3: uneven micro-batches (3, 3, 2)
+        cfg = TrainConfig(micro_batch=micro, aggregation=aggregation, gspo=gspo, loss_const=16,
+                          max_grad_norm=None, log_entropy=False)
+        metrics.append(Learner(copy.deepcopy(model), cfg).step(trajs, adv))
+    whole, *parts = metrics
+    for m in parts:
+        assert m["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-7)
+        assert m["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+        assert m["clip_frac"] == pytest.approx(whole["clip_frac"])
+    assert whole["optimizer_steps"] == 1
+
+
+def test_grad_accum_sets_optimizer_steps_and_none_is_skipped(model):
+    trajs = episodes(model, 10)
+    learner = Learner(model, TrainConfig(micro_batch=2, grad_accum=2, lr=1e-3))
+    m = learner.step(trajs, [1.0, -1.0] * 4 + [None, None])
+    assert (m["optimizer_steps"], m["sequences"], m["skipped"]) == (2, 8, 2)
+    assert learner.step(trajs[:2], [None, None])["optimizer_steps"] == 0
+
+
+def test_later_mini_batches_see_moved_ratios(model):
+    # Second optimizer step: the weights moved, so ratios are no longer 1.
+    trajs = episodes(model, 4)
+    learner = Learner(model, TrainConfig(micro_batch=2, grad_accum=1, lr=5e-2))
+    m = learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    assert m["optimizer_steps"] == 2 and m["approx_kl"] > 0
+
+
+def test_positive_sequences_gain_probability(model):
+    trajs = episodes(model, 6)
+    adv = [1.0, -1.0] * 3
+    learner = Learner(model, TrainConfig(lr=1e-2, micro_batch=3))
+    before = completion_logprob(learner, trajs)
+    for _ in range(3):
+        learner.step(trajs, adv)
+    after = completion_logprob(learner, trajs)
+    for a, b0, b1 in zip(adv, before, after, strict=True):
+        assert (b1 > b0) if a > 0 else (b1 < b0)
+
+
+def test_recompute_old_logprobs(model):
+    trajs = episodes(model, 4)
+    for t in trajs:  # a sampler whose numbers disagree with the trainer
+        t.logprobs = [-5.0 * m for m in t.loss_mask]
+    stale = Learner(copy.deepcopy(model), TrainConfig(lr=1e-9)).step(trajs, [1.0, -1.0, 1.0, -1.0])
+    fresh = Learner(copy.deepcopy(model), TrainConfig(lr=1e-9, old_logprobs="recompute")).step(
+        trajs, [1.0, -1.0, 1.0, -1.0])
+    assert stale["clip_frac"] > 0 and stale["ratio_mean"] > 2
+    assert fresh["clip_frac"] == 0 and fresh["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_lora_trains_only_the_adapter_and_exports(model, tmp_path):
+    from peft import PeftModel
+
+    base_before = weights(model)
+    trajs = episodes(model, 4)
+    learner = Learner(model, TrainConfig(lora=True, lora_rank=4, lr=1e-2, micro_batch=2))
+    trainable = [n for n, p in learner.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    for _ in range(2):
+        learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    base = learner.model.get_base_model()
+    for k, v in base.state_dict().items():
+        if "lora_" not in k:
+            assert torch.equal(v, base_before[k.replace(".base_layer.", ".")]), k
+
+    adapter = learner.export_weights()
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+
+    merged = learner.export_weights(merged=True)
+    assert set(merged) == set(base_before)
+    fresh = LlamaForCausalLM(model.config).eval()
+    fresh.load_state_dict(merged)
+    ids = torch.tensor([trajs[0].token_ids])
+    with torch.no_grad():
+        want = learner.model(input_ids=ids).logits
+        assert torch.allclose(fresh(input_ids=ids).logits, want, atol=1e-5)
+
+    learner.save_weights(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    base_copy = LlamaForCausalLM(model.config).eval()
+    base_copy.load_state_dict(base_before)
+    loaded = PeftModel.from_pretrained(base_copy, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, want, atol=1e-5)
+
+
+def test_save_weights_full_reloads_with_from_pretrained(model, tmp_path):
+    learner = Learner(model, TrainConfig(lr=1e-2))
+    learner.step(episodes(model, 2), [1.0, -1.0])
+    d = learner.save_weights(tmp_path / "full")
+    loaded = LlamaForCausalLM.from_pretrained(d).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_to_reference(model, lora):
+    trajs = episodes(model, 4)
+    learner = Learner(model, TrainConfig(kl_coef=0.1, lora=lora, lora_rank=4, lr=5e-2))
+    assert (learner.ref_model is None) == lora  # LoRA: the adapter switched off is the reference
+    first = learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)
+    for _ in range(2):
+        last = learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    assert last["kl"] > 1e-6
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpoint_round_trip(model, lora):
+    cfg = TrainConfig(lora=lora, lora_rank=4, lr=1e-2, micro_batch=2)
+    trajs = episodes(model, 4)
+    adv = [1.0, -1.0, 1.0, -1.0]
+    twin = copy.deepcopy(model)
+    a = Learner(model, cfg)
+    a.step(trajs, adv)
+    state = copy.deepcopy(a.state_dict())
+    b = Learner(twin, cfg)
+    b.load_state_dict(state)
+    assert b.optimizer_steps == 1
+    a.step(trajs, adv)
+    b.step(trajs, adv)  # same Adam moments -> same second step
+    wa, wb = weights(a.model), weights(b.model)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
