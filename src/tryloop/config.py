@@ -87,6 +87,7 @@ class StoreConfig(_Model):
 # each is a light module (pydantic only).
 from tryloop.eval.config import EvalConfig  # noqa: E402
 from tryloop.rewards.spec import RewardsConfig  # noqa: E402
+from tryloop.train.run_config import TrainRunConfig  # noqa: E402
 
 
 class TryloopConfig(_Model):
@@ -99,6 +100,7 @@ class TryloopConfig(_Model):
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    train: TrainRunConfig = Field(default_factory=TrainRunConfig)
 
 
 def _describe(err: ValidationError, source: str) -> str:

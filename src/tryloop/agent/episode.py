@@ -20,6 +20,7 @@ Infrastructure faults (a sandbox that will not start or dies) propagate as
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -28,7 +29,7 @@ from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.environments import Environments
 from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
 from tryloop.agent.tools import SCHEMAS, SUBMIT, Toolbox, ToolLimits
-from tryloop.agent.trajectory import Observation, Trajectory, Turn
+from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
@@ -45,13 +46,38 @@ To call a tool, write exactly:
 <tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>"""
 
 
-def system_prompt() -> str:
+ANSWER_NOTE = """
+Shortcut: reply with the complete new `{path}` in one ```python block; that writes the file and submits."""
+_CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def system_prompt(task: Task | None = None) -> str:
     lines = []
     for s in SCHEMAS:
         f = s["function"]
         args = ", ".join(f"{k}: {v['type']}" for k, v in f["parameters"]["properties"].items())
         lines.append(f"- {f['name']}({args}): {f['description']}")
-    return SYSTEM_PROMPT.format(tools="\n".join(lines))
+    text = SYSTEM_PROMPT.format(tools="\n".join(lines))
+    if task is not None and task.meta.answer_file:
+        text += ANSWER_NOTE.format(path=task.meta.answer_file)
+    return text
+
+
+def answer_calls(task: Task, text: str) -> list[ToolCall]:
+    """A reply that is code for a function-level task's answer file: write it, then submit.
+
+    The file's import lines are kept in front when the reply's code leaves them out
+    (models often write just the function); the tests still decide.
+    """
+    blocks = _CODE_BLOCK.findall(text)
+    if not task.meta.answer_file or not blocks:
+        return []
+    code = max(blocks, key=len)
+    pristine = task.workspace_files().get(task.meta.answer_file, b"").decode(errors="replace")
+    imports = [ln for ln in pristine.splitlines() if ln.startswith(("import ", "from ")) and ln not in code]
+    content = "\n".join(imports + [code]) if imports else code
+    return [ToolCall("write", {"path": task.meta.answer_file, "content": content}, "answer"),
+            ToolCall(SUBMIT, {}, "answer-submit")]
 
 
 @dataclass
@@ -83,7 +109,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         sb = await envs.acquire(task)
     try:
         tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
-        session = policy.session(system_prompt(), task.instruction, seed=req.seed, task=task)
+        session = policy.session(system_prompt(task), task.instruction, seed=req.seed, task=task)
         observations: list[Observation] | None = None
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):
@@ -109,6 +135,10 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
             except PolicyError as e:
                 traj.termination, traj.error = "error", f"turn {index}: {e}"
                 break
+            if not action.tool_calls and task.meta.answer_file:
+                action.tool_calls = answer_calls(task, action.text)
+                if action.tool_calls:
+                    action.parse_error = None
             turn = Turn(index, action.text, action.tool_calls, completion_tokens=action.completion_tokens,
                         model_s=action.model_s, finish_reason=action.finish_reason)
             traj.turns.append(turn)

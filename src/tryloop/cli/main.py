@@ -47,7 +47,7 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, evaluate, reward, sandbox, tasks
+    from tryloop.cli import bench, demo, evaluate, reward, sandbox, tasks, train
 
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(tasks.app, name="tasks")
@@ -55,6 +55,7 @@ def _register() -> None:
     app.add_typer(bench.app, name="bench")
     app.command("demo")(demo.demo)
     app.command("eval")(evaluate.evaluate_cmd)
+    app.command("train")(train.train_cmd)
 
 
 def main() -> None:  # pragma: no cover - entry point

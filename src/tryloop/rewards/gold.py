@@ -91,7 +91,7 @@ class GoldSet:
 
 def builtin_items(task: Task) -> list[GoldItem]:
     """Reference, do-nothing and every red-team attack on one task."""
-    from tryloop.rewards.redteam import ATTACKS, EXPECTED_FLAGS
+    from tryloop.rewards.redteam import ATTACKS, EXPECTED_FLAGS, AttackNotApplicable
 
     base = {"task_id": task.id, "task_fingerprint": task.fingerprint(), "family": task.meta.family}
     items = [GoldItem(**base, label="reference", expect="pass",
@@ -100,7 +100,10 @@ def builtin_items(task: Task) -> list[GoldItem]:
     for name, attack in sorted(ATTACKS.items()):
         if name == "do_nothing":
             continue
-        sub = attack(task)
+        try:
+            sub = attack(task)
+        except AttackNotApplicable:  # e.g. no literal asserts to copy from this task's tests
+            continue
         items.append(GoldItem(**base, label=f"hack:{name}", expect="fail",
                               expect_flags=sorted(EXPECTED_FLAGS.get(name, [])),
                               changes=encode_changes(sub.changes), commands=list(sub.commands)))

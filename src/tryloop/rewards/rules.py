@@ -38,14 +38,15 @@ def final_files(pristine: dict[str, bytes], sub: Submission) -> dict[str, bytes]
 
 
 def compiles(sub: Submission) -> float:
-    """1.0 when every changed Python file compiles (parse + bytecode, nothing executed)."""
-    for path, data in sub.changes.items():
-        if data is not None and path.endswith(".py"):
-            try:
-                compile(data, path, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError):
-                return 0.0
-    return 1.0
+    """1.0 when the submission changes Python files and every one compiles (parse + bytecode,
+    nothing executed); 0.0 when one does not, or when no Python file changed (nothing to credit)."""
+    changed = [(p, d) for p, d in sub.changes.items() if d is not None and p.endswith(".py")]
+    for path, data in changed:
+        try:
+            compile(data, path, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return 0.0
+    return 1.0 if changed else 0.0
 
 
 def public_signatures(source: bytes, module: str) -> dict[str, str]:

@@ -50,14 +50,15 @@ class RewardSpec(_Model):
     """How a verdict becomes a number. Flags act by the policy: kind first, then severity."""
 
     components: list[Component] = Field(
-        default_factory=lambda: [Component(name="correctness", kind="tests", weight=1.0)],
+        default_factory=lambda: [Component(name="correctness", kind="tests", weight=1.0),
+                                 Component(name="compiles", kind="compiles", weight=0.1)],
         description="weighted components; the total is their weighted sum")
     partial_credit: bool = Field(False, description="tests component = fraction of expected tests passed")
     flag_policy: dict[str, FlagAction] = Field(
         default_factory=lambda: {"hack": "zero", "suspicious": "record", "info": "record"},
         description="detector kind or severity -> record | penalize | zero | mask")
-    gate_on_tests: bool = Field(True, description="quality and efficiency components count only when the "
-                                                   "tests pass (penalties always count)")
+    gate_on_tests: bool = Field(False, description="quality and efficiency components count only when the "
+                                                    "tests pass (penalties always count)")
     flag_penalty: float = Field(0.5, ge=0, description="subtracted from the total per 'penalize' flag")
     contracts: list[str] | None = Field(
         None, description="'module.path:name' signatures that must survive; None = the public "
@@ -84,6 +85,6 @@ class RewardsConfig(_Model):
     gate_dir: Path = Field(Path("/var/lib/tryloop/rewards/gate"), description="regression gate records")
     labels_path: Path = Field(Path("/var/lib/tryloop/rewards/labels.jsonl"), description="spot-check labels")
     gate_per_family: int = Field(1, ge=1, description="tasks per family whose built-in gold items the gate uses")
-    gate_families: int | None = Field(None, ge=1, description="at most this many families in the gate "
+    gate_families: int | None = Field(3, ge=1, description="at most this many families in the gate "
                                                               "(None: all); sampled by fingerprint, stable")
     concurrency: int = Field(2, ge=1, description="verifier runs at once")

@@ -221,3 +221,24 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
             if progress:
                 progress(task.id, None)
     return report
+
+
+async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
+                          eval_fraction: float, seed: int = 0, limit: int | None = None, concurrency: int = 2,
+                          progress: Progress | None = None) -> GateReport:
+    """The HumanEval part of the bundled suite alone (what `tryloop train` needs by default), gated."""
+    import asyncio
+
+    from tryloop.tasks.sources.humaneval import humaneval_tasks
+
+    report = GateReport()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> None:
+        async with sem:
+            await admit(runtime, store, task, report, "humaneval", gate, eval_fraction=eval_fraction, seed=seed)
+        if progress:
+            progress(task.id, None)
+
+    await asyncio.gather(*(one(t) for t in humaneval_tasks(work_dir / "humaneval", limit=limit)))
+    return report

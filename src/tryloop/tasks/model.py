@@ -71,6 +71,8 @@ class TaskMeta(_Model):
     memory_mb: int = Field(1024, ge=64)
     cpus: float = Field(1.0, gt=0)
     origin: dict[str, Any] = Field(default_factory=dict, description="provenance: operator, parent, sdist...")
+    answer_file: str | None = Field(None, description="function-level tasks: a reply that is one ```python "
+                                                      "block writes this file and submits (not a grading field)")
 
     @field_validator("id", "family", "project")
     @classmethod

@@ -111,6 +111,7 @@ def humaneval_task(problem: dict[str, Any], dest: str | Path, *, data_sha256: st
         id=f"humaneval/{n}", family=f"humaneval-{n}", project="humaneval", source="humaneval",
         description=f"{problem['task_id']}: {problem['entry_point']}", tier="easy",
         tags=["function", "humaneval"], test_command="python3 -m pytest -q tests", test_timeout_s=60.0,
+        answer_file="solution.py",
         fail_to_pass=[TEST_ID],
         origin={k: v for k, v in {"dataset": "openai/human-eval", "task_id": problem["task_id"],
                                   "entry_point": problem["entry_point"], "data_sha256": data_sha256}.items()

@@ -1,0 +1,142 @@
+"""`tryloop train`: the RL loop on embedded defaults (CPU, SmolLM2-135M, HumanEval tasks, local sandboxes)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+
+
+def ensure_suite(cfg) -> None:
+    """Build the train tasks the run needs if the store has none (HumanEval: gated once, K=1)."""
+    from tryloop.errors import TryloopError
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.factory import build_humaneval
+    from tryloop.tasks.gate import GateConfig
+    from tryloop.tasks.store import TaskStore
+
+    store = TaskStore(cfg.tasks.store_url)
+    source = cfg.train.source
+    if store.query(split="train", source=source):
+        return
+    if source != "humaneval":
+        raise TryloopError(f"no train tasks{f' of source {source}' if source else ''} in {cfg.tasks.store_url}: "
+                           "build them with `tryloop tasks build-default`")
+    cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
+    with Progress(TextColumn("building the HumanEval tasks (gated)"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
+        bar = prog.add_task("", total=164, last="")
+        report = asyncio.run(build_humaneval(
+            SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir, gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
+            eval_fraction=cfg.tasks.eval_fraction, seed=cfg.tasks.seed,
+            progress=lambda tid, _: prog.update(bar, advance=1, last=tid)))
+    console.print(f"task store: {report.total_kept} HumanEval tasks kept, {report.total_rejected} rejected")
+
+
+def ensure_gate(cfg) -> None:
+    """Run the reward regression gate once for this reward version (the run then requires it)."""
+    import typer as _typer
+
+    from tryloop.cli.reward import run_gate_cli
+    from tryloop.rewards.gold import GateRecords
+    from tryloop.rewards.version import spec_version
+    from tryloop.sandbox import SandboxRuntime
+
+    ver = spec_version(cfg.rewards.spec, SandboxRuntime(cfg.runtime).host_image().id)
+    if GateRecords(cfg.rewards.gate_dir).load(ver) is not None:
+        return
+    console.print(f"reward version {ver} has no gate record: running the regression gate")
+    out = run_gate_cli(cfg)
+    if not out.approved:
+        console.print(out.report())
+        raise _typer.Exit(1)
+    console.print(f"[green]gate approved[/] {len(out.results)} gold items in {out.wall_s:.0f}s")
+
+
+def _summary(rows: list[dict], evals: list[dict], status: str) -> Table:
+    t = Table(title=f"training — {status}")
+    for col in ("step", "episodes", "reward", "pass", "held-out pass@1", "loss", "gen s", "env s", "verify s", "update s"):
+        t.add_column(col, justify="right")
+    ev = {e["step"]: e for e in evals}
+    if -1 in ev:
+        e = ev[-1]
+        t.add_row("start", "", "", "", f"{e['pass_at_1']:.1%}" if e["pass_at_1"] is not None else "-", "", "", "", "", "")
+    for m in rows[-12:]:
+        e = ev.get(m["step"])
+        f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        t.add_row(str(m["step"]), str(m["episodes"]), f(m["reward_mean"]), f(m["pass_rate"]),
+                  f"{e['pass_at_1']:.1%} [{e['lo']:.0%},{e['hi']:.0%}]" if e and e["pass_at_1"] is not None else "",
+                  f(m.get("learn_loss")), f"{m['time_generation_s']:.0f}", f"{m['time_environment_s']:.0f}",
+                  f"{m['time_verification_s']:.0f}", f"{m['time_update_s']:.0f}")
+    return t
+
+
+def _run(cfg, resume: bool) -> None:
+    from tryloop.train.run import train
+
+    ensure_suite(cfg)
+    ensure_gate(cfg)
+    rows: list[dict] = []
+    evals: list[dict] = []
+    tc = cfg.train
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("[dim]{task.fields[last]}"), console=console)
+    bar = prog.add_task("rollouts", total=tc.tasks_per_step * tc.group_size, last="")
+
+    def render():
+        from rich.console import Group
+
+        return Group(_summary(rows, evals, f"run {tc.run_id}"), prog)
+
+    with Live(render(), console=console, refresh_per_second=4) as live:
+        def hook(event: str, data: dict) -> None:
+            if event == "rollout":
+                prog.reset(bar, total=data["total"], completed=data["done"],
+                           description=f"step {data['step']} rollouts", last="")
+            elif event == "episode":
+                t = data["trajectory"]
+                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
+            elif event == "eval_episode":
+                t = data["trajectory"]
+                prog.update(bar, description="held-out eval", last=f"{t.task_id}: {t.verdict}")
+            elif event == "step":
+                rows.append(data)
+            elif event == "eval":
+                evals.append(data)
+            elif event == "log":
+                live.console.print(data["message"])
+            live.update(render())
+
+        res = asyncio.run(train(cfg, tc, resume=resume, hook=hook))
+    console.print(f"report: {res.report_path}")
+
+
+def train_cmd(
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run from its last checkpoint")] = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="train.run_id")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="train.steps")] = None,
+    tasks_per_step: Annotated[int | None, typer.Option("--tasks-per-step", help="train.tasks_per_step")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="train.group_size")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="train.source")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="train.policy.name")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="train.algo.lr")] = None,
+    lora: Annotated[bool | None, typer.Option("--lora/--full", help="train.algo.lora")] = None,
+    estimator: Annotated[str | None, typer.Option("--estimator", help="train.algo.estimator: grpo | dr_grpo | rloo")] = None,
+    eval_every: Annotated[int | None, typer.Option("--eval-every", help="train.eval_every")] = None,
+    eval_tasks: Annotated[int | None, typer.Option("--eval-tasks", help="train.eval_tasks")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="train.seed")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Train the policy with RL in sandboxes; with no arguments, the CPU default run."""
+    cfg = run_cli(load_config, config, {
+        "train.run_id": run_id, "train.steps": steps, "train.tasks_per_step": tasks_per_step,
+        "train.group_size": group_size, "train.source": source, "train.policy.name": model,
+        "train.algo.lr": lr, "train.algo.lora": lora, "train.algo.estimator": estimator,
+        "train.eval_every": eval_every, "train.eval_tasks": eval_tasks, "train.seed": seed})
+    run_cli(_run, cfg, resume)

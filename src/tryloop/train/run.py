@@ -1,0 +1,252 @@
+"""The RL loop, top to bottom (DESIGN.md, "The loop"):
+
+    sample tasks (curriculum) -> roll out k episodes per task in sandboxes -> verify
+    -> write trajectories (durable) -> advantages -> update -> new weights to the sampler
+    -> metrics, checkpoint; every N steps a held-out evaluation.
+
+Resuming (`resume=True`) restores the last checkpoint (weights, optimizer,
+curriculum, RNG states) and continues with the next step. Episodes of an
+interrupted step that were already stored are read back, not rerun, so no
+episode is lost or counted twice; episode seeds depend only on (run seed,
+step, task, sample), so the continuation matches an uninterrupted run.
+The reward version must have passed the regression gate, checked at start and
+on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tryloop.agent.environments import Environments
+from tryloop.agent.episode import EpisodeRequest, run_episode
+from tryloop.agent.trajectory import Trajectory
+from tryloop.config import TryloopConfig
+from tryloop.errors import TryloopError
+from tryloop.eval.config import EvalConfig
+from tryloop.eval.run import evaluate
+from tryloop.eval.runner import BoundedRunner, EpisodeRunner
+from tryloop.rewards.gold import GateRecords, require_approved
+from tryloop.rewards.version import code_version, spec_version
+from tryloop.sandbox import SandboxRuntime
+from tryloop.store.trajectories import TrajectoryStore
+from tryloop.tasks.model import Task
+from tryloop.tasks.store import TaskStore
+from tryloop.train import checkpoint
+from tryloop.train.curriculum import Curriculum
+from tryloop.train.run_config import TrainRunConfig
+
+Hook = Callable[[str, dict[str, Any]], None]   # (event, data): "rollout", "step", "eval", "log"
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    report_path: Path | None = None
+
+
+def episode_seed(seed: int, step: int, fp: str, sample: int) -> int:
+    h = hashlib.sha256(f"{seed}:{step}:{fp}:{sample}".encode()).digest()
+    return int.from_bytes(h[:6], "big")
+
+
+def code_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def select(store: TaskStore, split: str, source: str | None) -> list[Task]:
+    entries = store.query(split=split, source=source)
+    return [store.get(e.fingerprint) for e in sorted(entries, key=lambda e: e.fingerprint)]
+
+
+def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any], update_s: float,
+                  envs: Environments) -> dict[str, Any]:
+    judged = [t for t in trajs if t.verdict in ("pass", "fail")]
+    verify = sorted(t.times.get("verify", 0.0) for t in trajs)
+    flags: dict[str, int] = {}
+    for t in trajs:
+        for f in t.flags:
+            flags[f["kind"]] = flags.get(f["kind"], 0) + 1
+    pct = lambda xs, q: xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else 0.0  # noqa: E731
+    return {
+        "step": step, "time": time.time(), "episodes": len(trajs),
+        "reward_mean": statistics.fmean(t.reward for t in trajs if t.reward is not None) if judged else None,
+        "pass_rate": sum(t.verdict == "pass" for t in judged) / len(judged) if judged else None,
+        "no_verdict": sum(t.verdict == "no_verdict" for t in trajs),
+        "groups": adv.report.groups, "groups_dropped": adv.report.dropped_groups,
+        "masked": adv.report.masked, "flags": flags,
+        "completion_tokens": sum(t.completion_tokens for t in trajs),
+        "time_generation_s": sum(t.times.get("model", 0.0) for t in trajs),
+        "time_environment_s": sum(t.times.get("env", 0.0) for t in trajs),
+        "time_verification_s": sum(t.times.get("verify", 0.0) for t in trajs),
+        "time_update_s": update_s,
+        "verify_p50_s": pct(verify, 0.5), "verify_p99_s": pct(verify, 0.99),
+        "pool_hit_rate": envs.hit_rate,
+        **{f"learn_{k}": v for k, v in learn.items() if isinstance(v, (int, float))},
+    }
+
+
+async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = False, hook: Hook | None = None,
+                runner: EpisodeRunner | None = None, stop_after_step: int | None = None) -> TrainResult:
+    """Run (or resume) `tcfg.run_id`. `stop_after_step` ends early after that step (tests)."""
+    from tryloop.agent.hf import load_model
+    from tryloop.agent.hf_policy import HFPolicy
+    from tryloop.train.advantages import compute_advantages
+    from tryloop.train.update import Learner
+
+    emit = hook or (lambda event, data: None)
+    run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None and not resume:
+        raise TryloopError(f"run {tcfg.run_id!r} already has checkpoints in {run_dir}: continue it with "
+                           "--resume, or choose another --run-id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runtime = SandboxRuntime(cfg.runtime)
+    store = TaskStore(cfg.tasks.store_url)
+    train_tasks = select(store, "train", tcfg.source)
+    eval_tasks = select(store, "eval", tcfg.source)[: tcfg.eval_tasks]
+    if not train_tasks:
+        raise TryloopError(f"no train tasks{f' of source {tcfg.source}' if tcfg.source else ''} in "
+                           f"{cfg.tasks.store_url}: build the suite first (`tryloop tasks build-default`)")
+    by_fp = {t.fingerprint(): t for t in train_tasks}
+
+    # The reward version must have passed the regression gate (checked again on every resume).
+    spec = cfg.rewards.spec
+    spec_ver = spec_version(spec, runtime.host_image().id)
+    require_approved(GateRecords(cfg.rewards.gate_dir), spec_ver)
+
+    manifest = {"run_id": tcfg.run_id, "code_revision": code_revision(), "verifier_code": code_version(),
+                "reward_spec_version": spec_ver, "image": runtime.host_image().id,
+                "train_tasks": sorted(by_fp), "eval_tasks": sorted(t.fingerprint() for t in eval_tasks),
+                "config": {"train": tcfg.model_dump(mode="json"), "rewards": cfg.rewards.model_dump(mode="json")}}
+    emit("log", {"message": f"{len(train_tasks)} train / {len(eval_tasks)} held-out tasks; reward version "
+                            f"{spec_ver} approved by the gate"})
+
+    loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
+    learner_model = (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
+    learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
+    policy = HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
+                      max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
+                      max_batch=tcfg.policy.max_batch)
+    curriculum = Curriculum(sorted(by_fp), window=tcfg.window, explore=tcfg.explore, seed=tcfg.seed)
+    start = 0
+    if ckpt is not None:
+        learner_state, state = await asyncio.to_thread(checkpoint.load, ckpt)
+        learner.load_state_dict(learner_state)
+        await policy.engine.update_weights(learner.export_weights(merged=True), version=f"step-{state['step']}")
+        curriculum.load(state["curriculum"])
+        start = state["step"] + 1
+        emit("log", {"message": f"resumed from {ckpt.name}: continuing with step {start}"})
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+    trajectories = TrajectoryStore(cfg.store.trajectories_url)
+    envs = Environments(runtime)
+    runner = runner or BoundedRunner(tcfg.concurrency)
+    metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
+    result = TrainResult(run_dir, start)
+
+    async def held_out(step: int) -> None:
+        if not eval_tasks:
+            return
+        policy.temperature = tcfg.eval_temperature
+        try:
+            ecfg = EvalConfig(k=tcfg.eval_k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
+            res = await evaluate(eval_tasks, policy, envs, cfg=ecfg, run_id=f"{tcfg.run_id}-eval-{step}",
+                                 store=trajectories, runner=runner, spec=spec,
+                                 on_done=lambda t: emit("eval_episode", {"trajectory": t}))
+        finally:
+            policy.temperature = tcfg.policy.temperature
+        s = res.summary
+        row = {"step": step, "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
+               "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
+               "reward_mean": s.reward.value if s.reward else None, "episodes": s.episodes}
+        _append_jsonl(evals_path, row)
+        emit("eval", row)
+
+    try:
+        done_evals = {r["step"] for r in read_jsonl(evals_path)}
+        if tcfg.eval_at_start and start == 0 and -1 not in done_evals:
+            await held_out(-1)
+        for step in range(start, tcfg.steps):
+            fps = curriculum.sample(tcfg.tasks_per_step)
+            requests = [EpisodeRequest(f"{tcfg.run_id}:{step}:{fp[:16]}:{g}:{i}", by_fp[fp], sample_index=i,
+                                       run_id=tcfg.run_id, step=step, group_id=f"{step}:{g}:{fp[:16]}",
+                                       seed=episode_seed(tcfg.seed, step, fp, g * 1000 + i))
+                        for g, fp in enumerate(fps) for i in range(tcfg.group_size)]
+            stored = {t.episode_id: t for t in trajectories.read(run_id=tcfg.run_id, step=step)}
+            trajs = [stored[r.episode_id] for r in requests if r.episode_id in stored]
+            todo = [r for r in requests if r.episode_id not in stored]
+            emit("rollout", {"step": step, "total": len(requests), "done": len(trajs)})
+
+            async def one(req: EpisodeRequest) -> Trajectory:
+                return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec)
+
+            async for t in runner.run(todo, one):
+                await asyncio.to_thread(trajectories.write, [t])   # durable before counted
+                trajs.append(t)
+                emit("episode", {"step": step, "trajectory": t})
+            trajs.sort(key=lambda t: t.episode_id)   # completion order must not change the update
+            for t in trajs:
+                if t.verdict in ("pass", "fail"):
+                    curriculum.record(t.task_fingerprint, t.verdict == "pass")
+            for fp in set(fps):
+                ts = [t for t in trajs if t.task_fingerprint == fp and t.verdict in ("pass", "fail")]
+                if ts:
+                    store.record_pass_rate(fp, f"{tcfg.run_id}", sum(t.verdict == "pass" for t in ts), len(ts))
+            adv = compute_advantages(trajs, tcfg.algo)
+            t0 = time.perf_counter()
+            learn = await asyncio.to_thread(learner.step, trajs, adv.values)
+            weights = await asyncio.to_thread(learner.export_weights, True)
+            await policy.engine.update_weights(weights, version=f"step-{step}")
+            update_s = time.perf_counter() - t0
+            row = _step_metrics(step, trajs, adv, learn, update_s, envs)
+            _append_jsonl(metrics_path, row)
+            result.metrics.append(row)
+            if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
+                await held_out(step)
+            await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
+                                    {"curriculum": curriculum.state(), "manifest": manifest},
+                                    tcfg.keep_checkpoints)
+            result.steps_done = step + 1
+            emit("step", row)
+            if stop_after_step is not None and step >= stop_after_step:
+                break
+    finally:
+        await envs.close()
+        policy.close()
+    result.metrics = read_jsonl(metrics_path)
+    result.evals = read_jsonl(evals_path)
+    from tryloop.train.report import write_report
+
+    result.report_path = write_report(run_dir, result.metrics, result.evals, manifest)
+    return result
