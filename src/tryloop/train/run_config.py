@@ -28,7 +28,7 @@ class TrainRunConfig(_Model):
     window: int = Field(8, ge=1, description="curriculum: recent results per task")
     explore: float = Field(0.25, ge=0, le=1, description="curriculum: share drawn outside the learning zone")
     eval_every: int = Field(4, ge=1, description="held-out evaluation every N steps (and at the end)")
-    eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
+    eval_tasks: int = Field(16, ge=0, description="held-out tasks per evaluation (0: no evaluation)")
     eval_k: int = Field(1, ge=1, description="samples per held-out task")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluations (0 = greedy)")
     eval_at_start: bool = Field(True, description="evaluate before the first step (the baseline)")

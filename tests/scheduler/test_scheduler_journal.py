@@ -1,0 +1,140 @@
+"""The journal: replay, torn writes, restart after a graceful stop and after SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tryloop.scheduler import (
+    AdmissionConfig,
+    EpisodeRequest,
+    EpisodeState,
+    JournalError,
+    ResultCodec,
+    Scheduler,
+    SchedulerConfig,
+)
+from tryloop.scheduler.journal import Journal, replay
+
+WORKER = Path(__file__).with_name("journal_worker.py")
+
+
+def test_replay_keeps_the_first_end_and_skips_a_torn_tail(tmp_path):
+    path = tmp_path / "j.jsonl"
+    lines = [
+        {"ev": "submit", "id": "a", "req": EpisodeRequest("a", "t").to_dict()},
+        {"ev": "submit", "id": "b", "req": EpisodeRequest("b", "t").to_dict()},
+        {"ev": "start", "id": "a", "attempt": 1, "host": "h"},
+        {"ev": "end", "id": "a", "state": "done", "result": 1, "failure": None, "attempts": 1},
+        {"ev": "end", "id": "a", "state": "done", "result": 2, "failure": None, "attempts": 2},   # a racing retry
+        {"ev": "priority", "id": "b", "priority": 7},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"ev": "end", "id": "b", "sta')
+    state = replay(path)
+    assert state.ends["a"]["result"] == 1 and state.duplicate_ends == 1
+    assert state.unfinished == ["b"] and state.priorities["b"] == 7 and state.torn_lines == 1
+    j = Journal(path)                        # opening for append cuts the torn tail off
+    j.append("end", id="b", state="cancelled", result=None, failure=None, attempts=0)
+    j.close()
+    assert replay(path).ends["b"]["state"] == "cancelled" and replay(path).torn_lines == 0
+
+
+def test_corruption_before_the_last_line_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text('{"ev": "submit"\n{"ev": "quarantine", "task_id": "t", "reason": "x"}\n')
+    with pytest.raises(JournalError, match="j.jsonl, line 1"):
+        replay(path)
+
+
+@dataclass
+class Answer:
+    id: str
+    run: int
+
+
+CODEC = ResultCodec(encode=lambda a: {"id": a.id, "run": a.run}, decode=lambda d: Answer(**d))
+
+
+async def test_restart_after_a_graceful_stop_reruns_only_what_did_not_end(tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    runs: Counter[str] = Counter()
+
+    def runner_for(run: int):
+        async def runner(request, ctx):
+            runs[request.id] += 1
+            await asyncio.sleep(0.01 if int(request.id[1:]) < 4 else 10 if run == 1 else 0.01)
+            return Answer(request.id, run)
+        return runner
+
+    cfg = SchedulerConfig(journal=journal, admission=AdmissionConfig(adaptive=False, initial=6))
+    first = Scheduler(runner_for(1), cfg, codec=CODEC)
+    await first.start()
+    await first.submit_many(EpisodeRequest(f"e{i}", "t") for i in range(8))
+    first.set_priority("e7", 5)
+    async with asyncio.timeout(10):
+        while len(first.outcomes()) < 4:
+            await asyncio.sleep(0.01)
+    await first.close(grace_s=0)
+    assert sum(o.ok for o in first.outcomes()) == 4
+
+    async with Scheduler(runner_for(2), cfg, codec=CODEC) as second:
+        assert second.restored == 4 and second.recovered == 4       # e4..e7 were in flight
+        assert await second.submit(EpisodeRequest("e0", "t")) is False
+        await second.drain()
+        outs = {o.id: o for o in second.outcomes()}
+    assert {i: o.result.run for i, o in outs.items()} == {f"e{i}": 1 if i < 4 else 2 for i in range(8)}
+    assert second.status("e7").priority == 5
+    assert runs == Counter({f"e{i}": 1 if i < 4 else 2 for i in range(8)})
+    state = replay(journal)
+    assert len(state.ends) == 8 and state.duplicate_ends == 0
+
+
+@pytest.mark.parametrize("kill_after_ends", [12])
+def test_sigkill_mid_run_then_restart_runs_every_episode_exactly_once(tmp_path, kill_after_ends):
+    journal, side, n = tmp_path / "journal.jsonl", tmp_path / "starts.log", 40
+    cmd = [sys.executable, str(WORKER), str(journal), str(side), str(n)]
+    proc = subprocess.Popen([*cmd, "run1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ends = journal.read_text().count('"ev":"end"') if journal.exists() else 0
+        if ends >= kill_after_ends or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    before = replay(journal)
+    ended_before = set(before.ends)
+    assert kill_after_ends <= len(ended_before) < n
+
+    done = subprocess.run([*cmd, "run2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after = replay(journal)
+    assert set(after.ends) == {f"e{i:03d}" for i in range(n)} and after.duplicate_ends == 0
+    assert all(e["state"] == EpisodeState.DONE.value for e in after.ends.values())
+
+    starts = Counter()
+    for line in side.read_text().splitlines():
+        tag, _, eid, _attempt = line.split()
+        starts[(tag, eid)] += 1
+    in_flight = {eid for (tag, eid) in starts if tag == "run1"} - ended_before
+    for i in range(n):
+        eid = f"e{i:03d}"
+        if eid in ended_before:          # finished before the kill: never rerun
+            assert starts[("run1", eid)] == 1 and starts[("run2", eid)] == 0, eid
+            assert after.ends[eid]["result"]["run"] == "run1"
+        elif eid in in_flight:           # killed mid-attempt: rerun exactly once
+            assert starts[("run1", eid)] == 1 and starts[("run2", eid)] == 1, eid
+        else:                            # never started before the kill: run once
+            assert starts[("run2", eid)] == 1, eid
+    assert in_flight, "the kill should land while episodes run"
+    assert f"recovered={len(in_flight)} restored={len(ended_before)}" in done.stdout
