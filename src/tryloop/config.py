@@ -87,6 +87,7 @@ class StoreConfig(_Model):
 # each is a light module (pydantic only).
 from tryloop.eval.config import EvalConfig  # noqa: E402
 from tryloop.rewards.spec import RewardsConfig  # noqa: E402
+from tryloop.scheduler.config import SchedulerConfig  # noqa: E402
 from tryloop.train.run_config import TrainRunConfig  # noqa: E402
 
 
@@ -99,6 +100,7 @@ class TryloopConfig(_Model):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainRunConfig = Field(default_factory=TrainRunConfig)
 

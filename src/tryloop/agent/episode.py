@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from tryloop.agent.capacity import Capacity, Unlimited
@@ -94,8 +95,12 @@ class EpisodeRequest:
 
 async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *,
                       limits: EpisodeLimits | None = None, spec: RewardSpec | None = None,
-                      capacity: Capacity | None = None) -> Trajectory:
+                      capacity: Capacity | None = None,
+                      stage: Callable[[str], None] | None = None) -> Trajectory:
+    """`stage("running")` once the sandbox is ready, `stage("verifying")` when the verifier starts
+    (a scheduler's progress); `capacity` is held around each generation and each tool run."""
     limits = limits or EpisodeLimits()
+    stage = stage or (lambda name: None)
     capacity = capacity or Unlimited()
     task = req.task
     traj = Trajectory(episode_id=req.episode_id, task_id=task.id, task_fingerprint=task.fingerprint(),
@@ -107,6 +112,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     model_s = env_s = 0.0
     async with capacity.execution():
         sb = await envs.acquire(task)
+    stage("running")
     try:
         tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
         session = policy.session(system_prompt(task), task.instruction, seed=req.seed, task=task)
@@ -184,6 +190,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                               "tool_errors": tools.errors},
                      answer=traj.turns[-1].text if traj.turns else "")
     t_verify = time.perf_counter()
+    stage("verifying")
     async with capacity.execution():
         verdict = await verify(envs.runtime, task, sub, spec)
     verify_s = time.perf_counter() - t_verify

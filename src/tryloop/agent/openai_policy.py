@@ -20,6 +20,9 @@ from tryloop.agent.trajectory import Observation, ToolCall
 from tryloop.llm import ChatClient
 from tryloop.llm.errors import LLMError
 
+# Observations the episode adds that answer no call (see run_episode).
+_NOTES = ("parse", "none")
+
 
 class OpenAISession:
     def __init__(self, policy: OpenAIPolicy, system: str, instruction: str, seed: int):
@@ -27,13 +30,35 @@ class OpenAISession:
         self.seed = seed
         self.tokens = TokenLog(source="server" if policy.token_ids else "unavailable")
         self.messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
-        self._pending: list[ToolCall] = []
+        # The last reply's calls in order: (id, name, why it was not run: malformed arguments, or None).
+        self._pending: list[tuple[str, str, str | None]] = []
+
+    def _answer(self, observations: list[Observation]) -> None:
+        """Each call of the last reply answered by its own id, then the episode's notes.
+
+        The episode puts notes that answer no call first (a parse error, "no tool call
+        found"); pairing by position would hand a call someone else's answer."""
+        tied = iter([o for o in observations if o.name not in _NOTES])
+        native_errors = False
+        for call_id, name, problem in self._pending:
+            if problem is not None:  # never run; a strict server wants every call id answered
+                native_errors = True
+                content = f"error: could not read your tool call: {problem}"
+                self.messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
+                continue
+            obs = next(tied, None)
+            if obs is None:
+                break
+            self.messages.append({"role": "tool", "tool_call_id": call_id, "name": obs.name, "content": obs.content})
+        for obs in observations:
+            # The parse note repeats the errors just answered by id when they were native calls.
+            if obs.name in _NOTES and not (obs.name == "parse" and native_errors):
+                self.messages.append({"role": "user", "content": obs.content})
+        for obs in tied:  # more answers than calls: keep them visible rather than drop them
+            self.messages.append({"role": "user", "content": obs.content})
 
     async def act(self, observations: list[Observation] | None) -> Action:
-        for call, obs in zip(self._pending, observations or [], strict=False):
-            self.messages.append({"role": "tool", "tool_call_id": call.id, "name": obs.name, "content": obs.content})
-        for obs in (observations or [])[len(self._pending):]:  # errors not tied to a call
-            self.messages.append({"role": "user", "content": obs.content})
+        self._answer(observations or [])
         t0 = time.perf_counter()
         try:
             res = await self.p.client.chat(self.messages, tools=SCHEMAS, temperature=self.p.temperature,
@@ -41,12 +66,16 @@ class OpenAISession:
                                            seed=self.seed)
         except LLMError as e:
             raise PolicyError(f"inference failed: {e}") from e
-        calls, errors = [], []
-        for i, c in enumerate(res.tool_calls):
+        calls, errors, pending = [], [], []
+        ids = [c.id or f"call_{len(self.messages)}_{i}" for i, c in enumerate(res.tool_calls)]
+        for call_id, c in zip(ids, res.tool_calls, strict=True):
             if c.parse_error or not isinstance(c.arguments, dict):
-                errors.append(f"{c.name}: {c.parse_error or 'arguments are not a JSON object'}")
+                problem = f"{c.name}: {c.parse_error or 'arguments are not a JSON object'}"
+                errors.append(problem)
+                pending.append((call_id, c.name, problem))
             else:
-                calls.append(ToolCall(c.name, c.arguments, c.id or f"call_{len(self.messages)}_{i}"))
+                calls.append(ToolCall(c.name, c.arguments, call_id))
+                pending.append((call_id, c.name, None))
         if not res.tool_calls:
             from tryloop.agent.chat import parse_tool_calls
 
@@ -54,14 +83,15 @@ class OpenAISession:
             calls = [ToolCall(c.name, c.arguments, c.id or f"call_{len(self.messages)}_{i}")
                      for i, c in enumerate(parsed.calls)]
             errors += [e.message for e in parsed.errors]
+            pending = [(c.id, c.name, None) for c in calls]
         self._log_tokens(res)
         msg: dict = {"role": "assistant", "content": res.text}
         if res.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            msg["tool_calls"] = [{"id": call_id, "type": "function", "function": {
                 "name": c.name, "arguments": json.dumps(c.arguments) if isinstance(c.arguments, dict) else c.arguments}}
-                for c in res.tool_calls]
+                for call_id, c in zip(ids, res.tool_calls, strict=True)]
         self.messages.append(msg)
-        self._pending = calls
+        self._pending = pending
         return Action(res.text, calls, "; ".join(errors) or None, res.finish_reason or "stop",
                       completion_tokens=(res.usage.completion_tokens if res.usage else 0),
                       model_s=time.perf_counter() - t0)

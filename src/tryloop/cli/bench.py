@@ -51,3 +51,46 @@ def reward_bench(
 
     cfg = run_cli(load_config, config, {})
     run_cli(run, cfg, quick=quick, out=out, console=console)
+
+
+@app.command("episodes")
+def episodes_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="3 tasks, 1 round (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Oracle episodes/s at concurrency 1 and 2, and the share of time that is not the tests."""
+    from tryloop.bench.episodes import run
+
+    cfg = run_cli(load_config, config, {})
+    run_cli(run, cfg, quick=quick, out=out, console=console)
+
+
+@app.command("scheduler")
+def scheduler_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="each measurement shrunk to seconds (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+) -> None:
+    """Scheduler overhead, sustained concurrency, Ray vs local, simulated GPU idle with/without admission."""
+    import json
+
+    from rich.table import Table
+
+    from tryloop.bench.scheduler import run
+
+    with console.status("measuring the scheduler ..."):
+        res = run_cli(run, quick=quick)
+    t = Table(title="scheduler", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    o, c, r = res["overhead"], res["concurrency"], res["ray_vs_local"]
+    t.add_row("overhead per episode", f"{o['us_per_episode']:.0f} µs ({o['us_per_episode_journaled']:.0f} µs journaled)")
+    t.add_row("max concurrent episodes (one process)", f"{c['max_concurrent_sustained']:,}  ({c['criterion']})")
+    t.add_row("Ray / local throughput", f"{r['ray_over_local']:.2f}x ({r['ray_episodes_per_s']:.0f} vs "
+              f"{r['local_episodes_per_s']:.0f} episodes/s)")
+    for name, row in res["admission"]["table"].items():
+        t.add_row(f"simulated {name}", f"{row['episodes_per_hour']:,.0f} episodes/h, GPU unproductive "
+                  f"{row.get('gpu_unproductive_share', row['gpu_idle_share']):.0%}")
+    console.print(t)
+    if out:
+        out.write_text(json.dumps(res, indent=1, default=str))

@@ -17,6 +17,7 @@ def _run(cfg) -> None:
     from tryloop.agent.environments import Environments
     from tryloop.agent.policies import make_policy
     from tryloop.eval.run import default_run_id, evaluate, select_tasks
+    from tryloop.eval.scheduled import ScheduledRunner, bounded
     from tryloop.eval.summary import headline
     from tryloop.sandbox import SandboxRuntime
     from tryloop.store.trajectories import TrajectoryStore
@@ -49,9 +50,10 @@ def _run(cfg) -> None:
                     prog.update(bar, advance=1, rate=f"{passed}/{judged}" if judged else "-",
                                 last=f"{t.task_id}: {t.verdict} ({t.termination})")
 
+                runner = ScheduledRunner(bounded(cfg.scheduler, ecfg.concurrency))
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
                                      store=TrajectoryStore(cfg.store.trajectories_url),
-                                     spec=cfg.rewards.spec, out_dir=out_dir, on_done=done)
+                                     spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner)
                 prog.update(bar, completed=len(tasks) * ecfg.k)
         finally:
             await envs.close()

@@ -59,8 +59,8 @@ async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: 
     runner = runner or BoundedRunner(cfg.concurrency)
     out: list[Trajectory] = list(earlier)
 
-    async def one(req: EpisodeRequest) -> Trajectory:
-        return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec)
+    async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
+        return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec, capacity=capacity, stage=stage)
 
     async for traj in runner.run(todo, one):
         if store is not None:
@@ -69,12 +69,31 @@ async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: 
         if on_done:
             on_done(traj)
     summary = summarize(out, k=cfg.k, policy=getattr(policy, "name", ""))
+    sched = getattr(runner, "summary", None)
+    if sched:
+        summary.extra["scheduler"] = sched
+        summary.extra.setdefault("tables", {})["Scheduler"] = scheduler_rows(sched)
+        summary.extra["failed_episodes"] = [{"id": o.id, "failure": str(o.failure)} for o in runner.failed]
     path = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1, default=str))
         path = report(summary, f"Evaluation {run_id}").write(out_dir / "report.html")
     return EvalResult(run_id, summary, out, path, len(requests) - len(todo))
+
+
+def scheduler_rows(s: dict) -> list[list[str]]:
+    """The scheduler's summary as rows a report can show (stage latency, retries, failures, breakers)."""
+    rows = [["engine", s.get("engine", "")], ["finished", json.dumps(s.get("finished", {}))],
+            ["retries by type", json.dumps(s.get("retries", {})) or "{}"],
+            ["failures by kind", json.dumps(s.get("failures", {})) or "{}"],
+            ["quarantined tasks", str(len(s.get("quarantined_tasks", {})))],
+            ["breakers", ", ".join(f"{k}: {v['state']}" for k, v in s.get("breakers", {}).items()) or "-"],
+            ["admission limit", str(s.get("admission", {}).get("limit"))]]
+    for stage, st in s.get("stage_seconds", {}).items():
+        rows.append([f"{stage} seconds", ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                    for k, v in st.items())])
+    return rows
 
 
 def default_run_id(cfg: EvalConfig) -> str:

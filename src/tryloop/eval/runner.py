@@ -1,6 +1,7 @@
-"""How episodes are run side by side. The scheduler (tryloop.scheduler) implements the same
-contract with retries, priorities, breakers and a journal; this runner is the bare minimum:
-bounded concurrency, results in completion order.
+"""How episodes are run side by side: `fn(request, capacity, stage)` for each request, results
+yielded as they finish. `ScheduledRunner` (tryloop.eval.scheduled) runs them through the
+scheduler — retries, timeouts, breakers, co-scheduled capacity, metrics — and is what `tryloop
+eval` and `tryloop train` use; `BoundedRunner` is the bare minimum (bounded concurrency).
 """
 
 from __future__ import annotations
@@ -9,12 +10,17 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
+from tryloop.agent.capacity import Capacity, Unlimited
+
 R = TypeVar("R")
 Q = TypeVar("Q")
 
 
+EpisodeFn = Callable[[Q, Capacity, Callable[[str], None]], Awaitable[R]]
+
+
 class EpisodeRunner(Protocol):
-    def run(self, requests: Sequence[Q], fn: Callable[[Q], Awaitable[R]]) -> AsyncIterator[R]: ...
+    def run(self, requests: Sequence[Q], fn: EpisodeFn) -> AsyncIterator[R]: ...
 
 
 class BoundedRunner:
@@ -34,7 +40,7 @@ class BoundedRunner:
             req = next(it, None)
             if req is None:
                 return False
-            t = asyncio.create_task(fn(req))
+            t = asyncio.create_task(fn(req, Unlimited(), lambda stage: None))
             pending.add(t)
             t.add_done_callback(lambda t: (pending.discard(t), queue.put_nowait(t)))
             return True

@@ -34,7 +34,8 @@ from tryloop.config import TryloopConfig
 from tryloop.errors import TryloopError
 from tryloop.eval.config import EvalConfig
 from tryloop.eval.run import evaluate
-from tryloop.eval.runner import BoundedRunner, EpisodeRunner
+from tryloop.eval.runner import EpisodeRunner
+from tryloop.eval.scheduled import ScheduledRunner, bounded
 from tryloop.rewards.gold import GateRecords, require_approved
 from tryloop.rewards.version import code_version, spec_version
 from tryloop.sandbox import SandboxRuntime
@@ -171,7 +172,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
 
     trajectories = TrajectoryStore(cfg.store.trajectories_url)
     envs = Environments(runtime)
-    runner = runner or BoundedRunner(tcfg.concurrency)
+    runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency))
     metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
     result = TrainResult(run_dir, start)
 
@@ -208,8 +209,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             todo = [r for r in requests if r.episode_id not in stored]
             emit("rollout", {"step": step, "total": len(requests), "done": len(trajs)})
 
-            async def one(req: EpisodeRequest) -> Trajectory:
-                return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec)
+            async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
+                return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, capacity=capacity,
+                                         stage=stage)
 
             async for t in runner.run(todo, one):
                 await asyncio.to_thread(trajectories.write, [t])   # durable before counted

@@ -1,0 +1,63 @@
+"""Episodes through the scheduler: the `EpisodeRunner` that `tryloop eval` and `tryloop train` use.
+
+Each episode becomes a scheduler request; the scheduler retries infrastructure
+faults with backoff, quarantines tasks that keep failing for infrastructure
+reasons, enforces the episode timeout, holds inference permits and execution
+slots (the episode asks for them around generation and tool runs) and keeps
+metrics. Episodes that end failed are not yielded: they are in `failed` with
+their typed failure, and `summary` holds the scheduler's figures for reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tryloop.eval.runner import EpisodeFn
+from tryloop.scheduler.config import SchedulerConfig
+from tryloop.scheduler.core import Scheduler
+from tryloop.scheduler.request import EpisodeOutcome, EpisodeRequest, EpisodeState
+
+_STAGES = {"running": EpisodeState.RUNNING, "verifying": EpisodeState.VERIFYING}
+
+
+def bounded(config: SchedulerConfig, concurrency: int) -> SchedulerConfig:
+    """`config` with episode concurrency capped at `concurrency` (admission may adapt below it)."""
+    adm = config.admission
+    return config.model_copy(update={"admission": adm.model_copy(update={
+        "initial": min(adm.initial, concurrency), "max": concurrency, "min": min(adm.min, concurrency)})})
+
+
+class ScheduledRunner:
+    def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None):
+        self.config = config or SchedulerConfig()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.failed: list[EpisodeOutcome] = []
+        self.summary: dict[str, Any] = {}
+
+    async def run(self, requests: Sequence[Any], fn: EpisodeFn) -> AsyncIterator[Any]:
+        by_id = {r.episode_id: r for r in requests}
+
+        async def runner(sreq: EpisodeRequest, ctx) -> Any:
+            return await fn(by_id[sreq.id], ctx.capacity, lambda name: ctx.stage(_STAGES[name]))
+
+        async with Scheduler(runner, self.config, registry=self.registry) as sched:
+            await sched.submit_many([EpisodeRequest(r.episode_id, r.task.id, group=r.group_id,
+                                                    sample_index=r.sample_index) for r in requests])
+            seen: set[str] = set()
+            async for outcome in sched.results():
+                seen.add(outcome.id)
+                if outcome.ok:
+                    yield outcome.result
+                else:
+                    self.failed.append(outcome)
+            await sched.drain()
+            for outcome in sched.outcomes():  # any that ended before the subscription began
+                if outcome.id not in seen and outcome.id in by_id:
+                    if outcome.ok:
+                        yield outcome.result
+                    else:
+                        self.failed.append(outcome)
+            self.summary = sched.summary()
