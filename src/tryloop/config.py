@@ -6,15 +6,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from tryloop._model import _Model  # re-exported: the base of every config model
 from tryloop.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SandboxLimits(_Model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from tryloop.config import _Model
+from tryloop._model import _Model
 
 
 class EpisodeLimits(_Model):

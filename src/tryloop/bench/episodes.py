@@ -14,8 +14,11 @@ and `overhead share = 1 - tests / total`, summed over episodes. Measured at
 concurrency 1 and 2 on the bundled multi-file tasks and a few HumanEval tasks,
 with the bare baseline beside it: the same tests run once per task the plainest
 way (tryloop.tasks.testrun.run_tests with the reference solution: fresh sandbox,
-files written, pytest). One untimed warm-up episode per task first builds the
-snapshots, the warm pools and the verifier's per-task baseline run.
+files written, pytest). At concurrency 1 each episode is interleaved with a bare
+run of the same task (the order alternating by round), so load from neighbours
+weighs on both sides alike; episodes/s there counts the episodes' own time. One
+untimed warm-up episode per task first builds the snapshots, the warm pools and
+the verifier's per-task baseline run.
 """
 
 from __future__ import annotations
@@ -37,14 +40,13 @@ from tryloop.agent.scripted import Oracle
 from tryloop.agent.trajectory import Trajectory
 from tryloop.bench.reward import pct
 from tryloop.config import TryloopConfig
-from tryloop.eval.runner import BoundedRunner
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.factory import bundled_projects, multifile_bugs, multifile_task
 from tryloop.tasks.model import Task
 from tryloop.tasks.sources.humaneval import humaneval_task, load_humaneval
 from tryloop.tasks.testrun import run_tests
 
-LEVELS = (1, 2)
+LEVELS = (1, 2)   # 1 first: it is the level measured beside the bare runs
 
 
 def bench_tasks(work: Path, *, multifile: int | None, humaneval: int) -> list[Task]:
@@ -87,36 +89,61 @@ def _level(trajs: list[Trajectory], wall: float) -> dict:
     }
 
 
+async def _alone(rt: SandboxRuntime, envs: Environments, oracle: Oracle, tasks: list[Task], rounds: int,
+                 bare: dict[str, list[float]], bare_pytest: list[float]) -> tuple[list[Trajectory], float]:
+    """Concurrency 1, each episode next to a bare run of the same task (the order alternating by
+    round), so a busy neighbour weighs on both sides alike. Returns the episodes and their wall time."""
+    trajs, wall = [], 0.0
+    for r in range(rounds):
+        for t in tasks:
+            for side in ("episode", "bare") if r % 2 == 0 else ("bare", "episode"):
+                t0 = time.perf_counter()
+                if side == "episode":
+                    trajs.append(await run_episode(EpisodeRequest(f"c1-r{r}-{t.id}", t, sample_index=r), oracle, envs))
+                    wall += time.perf_counter() - t0
+                else:
+                    run = await run_tests(rt, t, with_solution=True)
+                    bare[t.id].append(time.perf_counter() - t0)
+                    bare_pytest.append(run.wall_s)
+    return trajs, wall
+
+
+async def _side_by_side(envs: Environments, oracle: Oracle, reqs: list[EpisodeRequest],
+                        level: int) -> list[Trajectory]:
+    slots = asyncio.Semaphore(level)
+
+    async def one(req: EpisodeRequest) -> Trajectory:
+        async with slots:
+            return await run_episode(req, oracle, envs)
+
+    return list(await asyncio.gather(*(one(q) for q in reqs)))
+
+
 async def _measure(rt: SandboxRuntime, tasks: list[Task], rounds: int) -> dict:
     oracle = Oracle()
     envs = Environments(rt)
+    bare: dict[str, list[float]] = {t.id: [] for t in tasks}
+    bare_pytest: list[float] = []
+    levels, load = {}, {}
     try:
         for t in tasks:  # warm-up, untimed: snapshots, pools, the verifier's baseline run
             w = await run_episode(EpisodeRequest(f"warm-{t.id}", t), oracle, envs)
             if w.verdict != "pass":
                 raise RuntimeError(f"warm-up: the oracle did not pass {t.id}: {w.verdict_reason}")
-        levels, by_task = {}, {t.id: [] for t in tasks}
-        for level in LEVELS:
+        alone, wall = await _alone(rt, envs, oracle, tasks, rounds, bare, bare_pytest)
+        levels["1"], load["1"] = _level(alone, wall), [round(x, 2) for x in os.getloadavg()]
+        for level in LEVELS[1:]:
             # Round-robin over tasks, so episodes side by side are mostly of different tasks.
             reqs = [EpisodeRequest(f"c{level}-r{r}-{t.id}", t, sample_index=r) for r in range(rounds) for t in tasks]
-            trajs = []
             t0 = time.perf_counter()
-            async for traj in BoundedRunner(level).run(reqs, lambda q: run_episode(q, oracle, envs)):
-                trajs.append(traj)
+            trajs = await _side_by_side(envs, oracle, reqs, level)
             levels[str(level)] = _level(trajs, time.perf_counter() - t0)
-            if level == 1:
-                for traj in trajs:
-                    by_task[traj.task_id].append(traj)
+            load[str(level)] = [round(x, 2) for x in os.getloadavg()]
     finally:
         await envs.close()
-    bare: dict[str, list[float]] = {t.id: [] for t in tasks}
-    bare_pytest: list[float] = []
-    for _ in range(rounds):
-        for t in tasks:
-            t0 = time.perf_counter()
-            run = await run_tests(rt, t, with_solution=True)
-            bare[t.id].append(time.perf_counter() - t0)
-            bare_pytest.append(run.wall_s)
+    by_task: dict[str, list[Trajectory]] = {t.id: [] for t in tasks}
+    for traj in alone:
+        by_task[traj.task_id].append(traj)
     all_bare = [x for xs in bare.values() for x in xs]
     single = levels["1"]["latency"]
     per_task = []
@@ -128,7 +155,7 @@ async def _measure(rt: SandboxRuntime, tasks: list[Task], rounds: int) -> dict:
                          "ratio_p50": round(pct(ep, 50) / pct(bare[t.id], 50), 3),
                          "overhead_share": round(1 - tests / sum(ep), 4)})
     return {"tasks": [t.id for t in tasks], "rounds": rounds, "cpus": os.cpu_count(),
-            "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "load_avg_after_level": load,
             "levels": levels,
             "bare": {**_row(all_bare), "pytest_only_p50_s": round(pct(bare_pytest, 50), 4)},
             "ratio_p50": round(single["p50_s"] / pct(all_bare, 50), 3),

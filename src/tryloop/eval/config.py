@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
-from tryloop.config import _Model
+from tryloop._model import _Model
 
 
 class EvalConfig(_Model):

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tryloop.config import _Model
+from tryloop._model import _Model
 
 ComponentKind = Literal[
     "tests",        # 1 when every expected test passed (fraction of them with partial_credit)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tryloop.config import _Model
+from tryloop._model import _Model
 
 
 class TimeoutConfig(_Model):

@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tryloop.config import _Model
+from tryloop._model import _Model
 from tryloop.scheduler.admission import LoadSample
 from tryloop.scheduler.config import (
     AdmissionConfig,

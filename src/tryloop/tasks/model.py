@@ -34,7 +34,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, field_validator
 
-from tryloop.config import _Model
+from tryloop._model import _Model
 from tryloop.errors import TryloopError
 
 Files = Mapping[str, str | bytes]

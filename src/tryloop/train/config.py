@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from tryloop.agent.trajectory import Termination
-from tryloop.config import _Model
+from tryloop._model import _Model
 
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
-from tryloop.config import _Model
+from tryloop._model import _Model
 from tryloop.train.config import TrainConfig
 
 
