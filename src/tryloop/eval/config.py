@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop._model import _Model
+from tryloop.agent.config import EpisodeLimits, PolicyConfig
 
 
 class EvalConfig(_Model):

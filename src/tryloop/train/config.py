@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from tryloop.agent.trajectory import Termination
 from tryloop._model import _Model
+from tryloop.agent.trajectory import Termination
 
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop._model import _Model
+from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop.train.config import TrainConfig
 
 
