@@ -49,11 +49,13 @@ async def evaluate_all(cfg: TryloopConfig, weights, label: str) -> dict:
         await policy.engine.update_weights(weights, version=label)
     envs = Environments(SandboxRuntime(cfg.runtime))
     t0 = time.perf_counter()
+    runner = ScheduledRunner(bounded(cfg.scheduler, 16))
     try:
         res = await evaluate(tasks, policy, envs, cfg=EvalConfig(k=1, concurrency=16, limits=tc.limits),
-                             run_id=f"learning-{label}", runner=ScheduledRunner(bounded(cfg.scheduler, 16)),
+                             run_id=f"learning-{label}", runner=runner,
                              spec=cfg.rewards.spec, out_dir=Path(cfg.store.runs_dir) / f"learning-{label}")
     finally:
+        await runner.aclose()
         await envs.close()
         policy.close()
     out = {"wall_s": round(time.perf_counter() - t0, 1)}

@@ -54,6 +54,7 @@ def _run(cfg) -> None:
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
                                      store=TrajectoryStore(cfg.store.trajectories_url),
                                      spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner)
+                await runner.aclose()
                 prog.update(bar, completed=len(tasks) * ecfg.k)
         finally:
             await envs.close()

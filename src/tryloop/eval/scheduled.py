@@ -31,23 +31,36 @@ def bounded(config: SchedulerConfig, concurrency: int) -> SchedulerConfig:
 
 
 class ScheduledRunner:
+    """One scheduler for the runner's lifetime (its metrics live in one registry); each `run`
+    submits a batch and yields its results. `aclose()` when done."""
+
     def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None):
         self.config = config or SchedulerConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.failed: list[EpisodeOutcome] = []
+        self.failed: list[EpisodeOutcome] = []        # of the latest run
         self.summary: dict[str, Any] = {}
+        self._fns: dict[str, tuple[Any, EpisodeFn]] = {}
+        self._sched: Scheduler | None = None
+
+    async def _runner(self, sreq: EpisodeRequest, ctx) -> Any:
+        req, fn = self._fns[sreq.id]
+        return await fn(req, ctx.capacity, lambda name: ctx.stage(_STAGES[name]))
 
     async def run(self, requests: Sequence[Any], fn: EpisodeFn) -> AsyncIterator[Any]:
-        by_id = {r.episode_id: r for r in requests}
-
-        async def runner(sreq: EpisodeRequest, ctx) -> Any:
-            return await fn(by_id[sreq.id], ctx.capacity, lambda name: ctx.stage(_STAGES[name]))
-
-        async with Scheduler(runner, self.config, registry=self.registry) as sched:
+        if self._sched is None:
+            self._sched = Scheduler(self._runner, self.config, registry=self.registry)
+            await self._sched.start()
+        sched = self._sched
+        self.failed = []
+        ids = {r.episode_id for r in requests}
+        self._fns.update({r.episode_id: (r, fn) for r in requests})
+        try:
             await sched.submit_many([EpisodeRequest(r.episode_id, r.task.id, group=r.group_id,
                                                     sample_index=r.sample_index) for r in requests])
             seen: set[str] = set()
             async for outcome in sched.results():
+                if outcome.id not in ids:
+                    continue
                 seen.add(outcome.id)
                 if outcome.ok:
                     yield outcome.result
@@ -55,9 +68,19 @@ class ScheduledRunner:
                     self.failed.append(outcome)
             await sched.drain()
             for outcome in sched.outcomes():  # any that ended before the subscription began
-                if outcome.id not in seen and outcome.id in by_id:
+                if outcome.id in ids and outcome.id not in seen:
                     if outcome.ok:
                         yield outcome.result
                     else:
                         self.failed.append(outcome)
             self.summary = sched.summary()
+        finally:
+            for i in ids:
+                self._fns.pop(i, None)
+                if sched.outcome(i) is not None:
+                    sched.forget(i)   # results live in the trajectory store, not in memory
+
+    async def aclose(self) -> None:
+        if self._sched is not None:
+            await self._sched.close()
+            self._sched = None

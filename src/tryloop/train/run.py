@@ -172,6 +172,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
 
     trajectories = TrajectoryStore(cfg.store.trajectories_url)
     envs = Environments(runtime)
+    own_runner = runner is None
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency))
     metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
     result = TrainResult(run_dir, start)
@@ -244,6 +245,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             if stop_after_step is not None and step >= stop_after_step:
                 break
     finally:
+        if own_runner:
+            await runner.aclose()
         await envs.close()
         policy.close()
     result.metrics = read_jsonl(metrics_path)
