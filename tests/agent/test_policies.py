@@ -91,13 +91,19 @@ async def test_no_token_data_means_unavailable(envs, task, token_data):
     assert t.token_ids == [] and t.logprobs == [] and t.loss_mask == [] and t.prompt_length == 0
 
 
-async def test_a_server_error_ends_the_episode_with_a_reason(envs, task):
+async def test_a_server_fault_is_raised_for_the_scheduler_and_a_refusal_ends_the_episode(envs, task):
+    from tryloop.agent.policy import PolicyError
+
     first = next(iter(task.workspace_files()))
     script = [ScriptedReply.call("view", {"path": first}), ScriptedReply.error(500, "the GPU caught fire")]
+    with ScriptedServer(script) as srv, pytest.raises(PolicyError) as err:
+        await episode(srv, task, envs, max_turns=5)
+    assert err.value.retryable and "500" in str(err.value)   # retried by the scheduler, not scored
+    script = [ScriptedReply.call("view", {"path": first}), ScriptedReply.error(400, "the GPU caught fire")]
     with ScriptedServer(script) as srv:
         t = await episode(srv, task, envs, max_turns=5)
     assert t.termination == "error"
-    assert t.error.startswith("turn 1:") and "500" in t.error and "the GPU caught fire" in t.error
+    assert t.error.startswith("turn 1:") and "400" in t.error and "the GPU caught fire" in t.error
     assert len(t.turns) == 1 and t.turns[0].observations[0].ok
     assert t.verdict == "fail" and t.reward_version          # still judged, on what it left
 

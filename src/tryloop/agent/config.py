@@ -29,4 +29,6 @@ class PolicyConfig(_Model):
     temperature: float = Field(0.7, ge=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: int = Field(16, ge=1, description="local model: sequences decoded together")
+    token_ids: bool = Field(False, description="openai: ask the server for token ids and logprobs (vLLM's "
+                                               "return_token_ids); plain OpenAI servers reject the field")
     device: str = Field("auto", description="local model: auto | cpu | cuda")

@@ -139,6 +139,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                 traj.error = f"turn {index}: the policy did not answer within {limits.turn_timeout_s:.0f}s"
                 break
             except PolicyError as e:
+                if e.retryable:  # the service, not the policy: the scheduler retries the episode
+                    raise
                 traj.termination, traj.error = "error", f"turn {index}: {e}"
                 break
             if not action.tool_calls and task.meta.answer_file:

@@ -47,7 +47,8 @@ class HFSession:
         except TryloopError as e:
             raise PolicyError(f"generation failed: {e}") from e
         self._turn += 1
-        # Raw-policy log-probs (T=1, full vocabulary) when sampling at T=1, else the sampler's own.
+        # Raw-policy log-probs (T=1, full vocabulary), whatever the sampling temperature: what the
+        # trainer recomputes. (Off-policy when sampling at T != 1; the loss's ratio corrects for it.)
         self.tokens.add_sampled(sample.token_ids, sample.policy_logprobs)
         text = self.p.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": text})

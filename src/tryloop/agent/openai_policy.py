@@ -65,7 +65,7 @@ class OpenAISession:
                                            max_tokens=self.p.max_tokens, logprobs=self.p.token_ids,
                                            seed=self.seed)
         except LLMError as e:
-            raise PolicyError(f"inference failed: {e}") from e
+            raise PolicyError(f"inference failed: {e}", retryable=e.retryable) from e
         calls, errors, pending = [], [], []
         ids = [c.id or f"call_{len(self.messages)}_{i}" for i, c in enumerate(res.tool_calls)]
         for call_id, c in zip(ids, res.tool_calls, strict=True):

@@ -25,7 +25,7 @@ def make_policy(cfg: PolicyConfig, limits: EpisodeLimits | None = None):
 
         if not cfg.base_url or not cfg.model:
             raise ConfigError("policy.name is 'openai': set policy.base_url and policy.model")
-        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature,
+        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature, token_ids=cfg.token_ids,
                             max_tokens=limits.max_new_tokens, timeout_s=limits.turn_timeout_s)
     from tryloop.agent.hf_policy import HFPolicy
 

@@ -26,7 +26,15 @@ class ContextFull(TryloopError):
 
 
 class PolicyError(TryloopError):
-    """The policy could not produce an action (inference failed): ends the episode with a reason."""
+    """The policy could not produce an action. A `retryable` one (the inference service is down or
+    overloaded: 5xx, timeouts) is raised out of the episode for the scheduler to retry with backoff
+    and count against the endpoint's breaker; any other ends the episode with termination "error"."""
+
+    failure_kind = "policy"
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass

@@ -24,12 +24,14 @@ class EpisodeRunner(Protocol):
 
 
 class BoundedRunner:
-    """At most `concurrency` episodes at once; yields results as they finish."""
+    """At most `concurrency` episodes at once; yields results as they finish. An episode that
+    raises is not retried: it is recorded in `failed` (request, exception) and the run goes on."""
 
     def __init__(self, concurrency: int = 4):
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.concurrency = concurrency
+        self.failed: list[tuple[object, BaseException]] = []
 
     async def run(self, requests, fn):
         queue: asyncio.Queue = asyncio.Queue()
@@ -41,6 +43,7 @@ class BoundedRunner:
             if req is None:
                 return False
             t = asyncio.create_task(fn(req, Unlimited(), lambda stage: None))
+            t.request = req  # type: ignore[attr-defined]
             pending.add(t)
             t.add_done_callback(lambda t: (pending.discard(t), queue.put_nowait(t)))
             return True
@@ -52,6 +55,9 @@ class BoundedRunner:
             while pending or not queue.empty():
                 done = await queue.get()
                 launch()
+                if done.exception() is not None:
+                    self.failed.append((done.request, done.exception()))
+                    continue
                 yield done.result()
         finally:
             for t in pending:

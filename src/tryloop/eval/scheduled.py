@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tryloop.errors import ConfigError
 from tryloop.eval.runner import EpisodeFn
 from tryloop.scheduler.config import SchedulerConfig
 from tryloop.scheduler.core import Scheduler
@@ -36,6 +37,11 @@ class ScheduledRunner:
 
     def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None):
         self.config = config or SchedulerConfig()
+        if self.config.engine != "local":
+            # Ray ships the runner to its actors by pickling; episodes here close over this
+            # process's sandbox runtime and model, so they run on the local engine.
+            raise ConfigError("scheduler.engine: episodes of `tryloop eval` / `tryloop train` run on the local "
+                              "engine; the Ray engine takes runners that can be pickled (see docs/scheduler.md)")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.failed: list[EpisodeOutcome] = []        # of the latest run
         self.summary: dict[str, Any] = {}

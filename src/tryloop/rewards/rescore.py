@@ -35,8 +35,9 @@ def submission_of(t: Trajectory) -> Submission:
     reads = [str(c.arguments.get("path", "")) for turn in t.turns for c in turn.tool_calls if c.name == "view"]
     return Submission(changes=decode_changes(t.changes), commands=commands, reads=reads,
                       metrics={"turns": len(t.turns), "tokens": t.completion_tokens,
-                               "wall_s": t.times.get("total", 0.0),
-                               "tool_errors": sum(1 for turn in t.turns for o in turn.observations if not o.ok)},
+                               "wall_s": t.times.get("episode", 0.0),
+                               "tool_errors": sum(1 for turn in t.turns for o in turn.observations
+                                                  if not o.ok and o.name not in ("parse", "none"))},
                       answer=t.turns[-1].text if t.turns else "")
 
 

@@ -6,8 +6,9 @@
 2. The agent's diff is applied, except on protected paths (tests, conftest, test
    configuration, site hooks): those stay pristine, i.e. they are restored.
 3. The hidden tests are laid over it, byte for byte as hashed into the version.
-4. The tests run with the verifier's interpreter (absolute path, `-P`: the
-   workspace cannot shadow modules), no user site, no inherited PYTHONPATH.
+4. The tests run with the verifier's interpreter (absolute path, `-P`: nothing
+   in the workspace is importable until pytest and the plugin are loaded, so it
+   cannot stand in for the test framework), no user site, no inherited PYTHONPATH.
 5. Per-test results are streamed by tryloop's pytest plugin as records
    authenticated with a per-run key. The key reaches the plugin through stdin,
    which is read and closed before any code under test is imported, so it is in
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 # Hooks that are never part of a legitimate solution: always restored, whatever the task says.
 ALWAYS_PROTECTED = ["conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest.ini",
-                    "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
+                    "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini", "pytest.toml", ".pytest.toml",
                     # compiled code has no source for a detector to read: never part of a solution
                     "*.pyc", "*.pyo", "*.so", "*.pyd", "__pycache__/"]
 REPORT_FORGED = "report_forged"

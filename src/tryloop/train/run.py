@@ -84,6 +84,16 @@ def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _truncate_jsonl(path: Path, before_step: int) -> None:
+    """Drop rows of steps >= `before_step`: a kill between a row and its checkpoint leaves a row the
+    resumed run writes again (the held-out baseline, step -1, is kept)."""
+    rows = [r for r in read_jsonl(path) if r["step"] < before_step]
+    if path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        os.replace(tmp, path)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -175,6 +185,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     own_runner = runner is None
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency))
     metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
+    _truncate_jsonl(metrics_path, start)
+    _truncate_jsonl(evals_path, start)
     result = TrainResult(run_dir, start)
 
     async def held_out(step: int) -> None:
