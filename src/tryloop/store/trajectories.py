@@ -71,7 +71,8 @@ def _uuid7() -> str:
     return str(uuid.UUID(int=value))
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in `path` durable (local filesystems)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -89,7 +90,7 @@ def _makedirs_durable(path: str) -> None:
         p = p.parent
     for d in reversed(missing):
         d.mkdir(exist_ok=True)
-        _fsync_dir(str(d.parent))
+        fsync_dir(str(d.parent))
 
 
 class TrajectoryStore:
@@ -148,7 +149,7 @@ class TrajectoryStore:
                 finally:
                     os.close(fd)
                 os.rename(tmp, final)          # atomic within a directory
-                _fsync_dir(directory)          # ...and the rename itself is durable
+                fsync_dir(directory)          # ...and the rename itself is durable
             else:
                 self.fs.makedirs(directory, exist_ok=True)
                 with self.fs.open(tmp, "wb") as f:

@@ -19,13 +19,7 @@ from typing import Any
 
 import torch
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from tryloop.store.trajectories import fsync_dir
 
 
 def save(run_dir: Path, step: int, learner_state: dict[str, Any], state: dict[str, Any], keep: int = 2) -> Path:
@@ -47,7 +41,7 @@ def save(run_dir: Path, step: int, learner_state: dict[str, Any], state: dict[st
     latest_tmp = root / ".LATEST.tmp"
     latest_tmp.write_text(name)
     os.replace(latest_tmp, root / "LATEST")
-    _fsync_dir(root)
+    fsync_dir(root)
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
