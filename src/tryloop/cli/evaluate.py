@@ -16,6 +16,7 @@ from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 def _run(cfg) -> None:
     from tryloop.agent.environments import Environments
     from tryloop.agent.policies import make_policy
+    from tryloop.eval.remote import RemoteEpisodes
     from tryloop.eval.run import default_run_id, evaluate, select_tasks
     from tryloop.eval.scheduled import ScheduledRunner, bounded
     from tryloop.eval.summary import headline
@@ -34,7 +35,8 @@ def _run(cfg) -> None:
         runtime = SandboxRuntime(cfg.runtime)
         envs = Environments(runtime)
         with console.status(f"loading policy {ecfg.policy.name} ..."):
-            policy = await asyncio.to_thread(make_policy, ecfg.policy, ecfg.limits)
+            policy = await asyncio.to_thread(make_policy, ecfg.policy, ecfg.limits) \
+                if cfg.scheduler.engine == "local" else None   # on Ray, the workers load it
         passed = judged = 0
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -50,7 +52,9 @@ def _run(cfg) -> None:
                     prog.update(bar, advance=1, rate=f"{passed}/{judged}" if judged else "-",
                                 last=f"{t.task_id}: {t.verdict} ({t.termination})")
 
-                runner = ScheduledRunner(bounded(cfg.scheduler, ecfg.concurrency))
+                # On Ray each worker builds its own sandboxes and policy from the configuration.
+                remote = RemoteEpisodes(cfg, ecfg.policy, ecfg.limits) if cfg.scheduler.engine == "ray" else None
+                runner = ScheduledRunner(bounded(cfg.scheduler, ecfg.concurrency), remote=remote)
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
                                      store=TrajectoryStore(cfg.store.trajectories_url),
                                      spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner)
@@ -58,7 +62,7 @@ def _run(cfg) -> None:
                 prog.update(bar, completed=len(tasks) * ecfg.k)
         finally:
             await envs.close()
-            close = getattr(policy, "close", None)
+            close = getattr(policy, "close", None) if policy is not None else None
             if close:
                 await asyncio.to_thread(close)
         return res

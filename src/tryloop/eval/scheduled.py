@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from tryloop.errors import ConfigError
+from tryloop.eval.remote import RemoteEpisodes, payload
 from tryloop.eval.runner import EpisodeFn
 from tryloop.scheduler.config import SchedulerConfig
 from tryloop.scheduler.core import Scheduler
@@ -35,13 +36,15 @@ class ScheduledRunner:
     """One scheduler for the runner's lifetime (its metrics live in one registry); each `run`
     submits a batch and yields its results. `aclose()` when done."""
 
-    def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None):
+    def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None,
+                 remote: RemoteEpisodes | None = None):
+        """`remote`: run episodes with this picklable runner (on Ray workers) instead of the
+        `fn` given to `run` (a closure over this process's sandboxes and model)."""
         self.config = config or SchedulerConfig()
-        if self.config.engine != "local":
-            # Ray ships the runner to its actors by pickling; episodes here close over this
-            # process's sandbox runtime and model, so they run on the local engine.
-            raise ConfigError("scheduler.engine: episodes of `tryloop eval` / `tryloop train` run on the local "
-                              "engine; the Ray engine takes runners that can be pickled (see docs/scheduler.md)")
+        if self.config.engine != "local" and remote is None:
+            raise ConfigError("scheduler.engine: ray needs episodes a worker can rebuild (tryloop.eval.remote."
+                              "RemoteEpisodes); this command's episodes share one in-process model")
+        self.remote = remote
         self.registry = registry if registry is not None else CollectorRegistry()
         self.failed: list[EpisodeOutcome] = []        # of the latest run
         self.summary: dict[str, Any] = {}
@@ -54,7 +57,7 @@ class ScheduledRunner:
 
     async def run(self, requests: Sequence[Any], fn: EpisodeFn) -> AsyncIterator[Any]:
         if self._sched is None:
-            self._sched = Scheduler(self._runner, self.config, registry=self.registry)
+            self._sched = Scheduler(self.remote or self._runner, self.config, registry=self.registry)
             await self._sched.start()
         sched = self._sched
         self.failed = []
@@ -62,7 +65,8 @@ class ScheduledRunner:
         self._fns.update({r.episode_id: (r, fn) for r in requests})
         try:
             await sched.submit_many([EpisodeRequest(r.episode_id, r.task.id, group=r.group_id,
-                                                    sample_index=r.sample_index) for r in requests])
+                                                    sample_index=r.sample_index, payload=payload(r))
+                                     for r in requests])
             seen: set[str] = set()
             async for outcome in sched.results():
                 if outcome.id not in ids:

@@ -1,0 +1,50 @@
+"""Real episodes on a real local multi-node Ray cluster: the same evaluation, the same results."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from tryloop.agent.config import EpisodeLimits, PolicyConfig  # noqa: E402
+from tryloop.agent.environments import Environments  # noqa: E402
+from tryloop.config import TryloopConfig  # noqa: E402
+from tryloop.eval.config import EvalConfig  # noqa: E402
+from tryloop.eval.remote import RemoteEpisodes  # noqa: E402
+from tryloop.eval.run import evaluate  # noqa: E402
+from tryloop.eval.scheduled import ScheduledRunner  # noqa: E402
+from tryloop.scheduler import AdmissionConfig, RayConfig, SchedulerConfig  # noqa: E402
+from tryloop.tasks.store import TaskStore  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+async def test_oracle_evaluation_runs_on_ray_workers(runtime, runtime_config, reward_tasks, tmp_path):
+    store = TaskStore(tmp_path / "tasks")
+    for t in reward_tasks[:2]:
+        store.add(t)
+    cfg = TryloopConfig.model_validate({"runtime": runtime_config.model_dump(),
+                                        "tasks": {"store_url": str(tmp_path / "tasks")}})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={"sandbox_host": 1})
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        c.wait_for_nodes()
+        sched = SchedulerConfig(engine="ray", ray=RayConfig(host_resource="sandbox_host", episodes_per_host=2),
+                                admission=AdmissionConfig(adaptive=False, initial=4, max=4))
+        remote = RemoteEpisodes(cfg, PolicyConfig(name="oracle"), EpisodeLimits())
+        runner = ScheduledRunner(sched, remote=remote)
+        tasks = [store.get(t.fingerprint()) for t in reward_tasks[:2]]
+        envs = Environments(runtime)   # unused by remote episodes; evaluate's signature wants one
+        res = await evaluate(tasks, None, envs, cfg=EvalConfig(k=2), run_id="ray", runner=runner)
+        await runner.aclose()
+        await envs.close()
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    assert len(res.trajectories) == 4 and not runner.failed
+    assert all(t.verdict == "pass" and t.policy == "oracle" for t in res.trajectories)
+    assert res.summary.pass_at_1.value == 1.0 and runner.summary["engine"] == "ray"
