@@ -26,7 +26,7 @@ def main() -> None:
         os.write(fd, f"{tag} start {request.id} {ctx.attempt}\n".encode())
         os.fsync(fd)
         async with ctx.turn(), ctx.capacity.execution():
-            await asyncio.sleep(random.uniform(0.05, 0.3))
+            await asyncio.sleep(random.uniform(0.2, 0.6))  # long enough that a kill lands mid-attempt
         return {"id": request.id, "run": tag}
 
     async def go() -> None:
