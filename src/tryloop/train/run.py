@@ -230,6 +230,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 await asyncio.to_thread(trajectories.write, [t])   # durable before counted
                 trajs.append(t)
                 emit("episode", {"step": step, "trajectory": t})
+            failed = getattr(runner, "failed", [])
+            if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
+                emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
+                                        f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
             trajs.sort(key=lambda t: t.episode_id)   # completion order must not change the update
             for t in trajs:
                 if t.verdict in ("pass", "fail"):
