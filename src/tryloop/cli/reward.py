@@ -112,8 +112,12 @@ def gold_items(cfg, tasks: dict):
     from tryloop.rewards.gold import GoldSet, builtin_items, pick_representatives
 
     reps = pick_representatives(tasks.values(), cfg.rewards.gate_per_family)
-    if cfg.rewards.gate_families:
-        reps = sorted(reps, key=lambda t: t.fingerprint())[: cfg.rewards.gate_families]
+    if cfg.rewards.gate_families:  # a stable choice of families, by the fingerprint of their first task
+        first: dict[str, str] = {}
+        for t in sorted(reps, key=lambda t: t.fingerprint()):
+            first.setdefault(t.meta.family, t.fingerprint())
+        keep = set(sorted(first, key=first.get)[: cfg.rewards.gate_families])
+        reps = [t for t in reps if t.meta.family in keep]
     items = {i.id: i for t in reps for i in builtin_items(t)}
     for i in GoldSet(cfg.rewards.gold_path).items():
         if i.task_fingerprint in tasks:
@@ -232,7 +236,12 @@ def spot_check_cmd(
 
     cfg = _cfg(config, trajectories=trajectories, labels=labels, gold=gold)
     trajs = run_cli(_trajectories, cfg, run)
-    items = sample(trajs, uniform=uniform, seed=seed)
+    from tryloop.tasks.store import TaskStore
+
+    ts = TaskStore(cfg.tasks.store_url)
+    pristine = {t.task_id: ts.get(t.task_fingerprint).workspace_files()
+                for t in {t.task_fingerprint: t for t in trajs}.values() if ts.has(t.task_fingerprint)}
+    items = sample(trajs, uniform=uniform, seed=seed, pristine=pristine)
     store = LabelStore(cfg.rewards.labels_path)
     by_prefix = {t.episode_id: t for t in trajs}
     for spec in label or []:
