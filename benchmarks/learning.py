@@ -31,7 +31,7 @@ from tryloop.tasks.store import TaskStore
 from tryloop.telemetry.stats import wilson_interval
 
 
-async def evaluate_all(cfg: TryloopConfig, weights, label: str) -> dict:
+async def evaluate_all(cfg: TryloopConfig, weights, label: str, train_subset: int | None = None) -> dict:
     from tryloop.agent.environments import Environments
     from tryloop.agent.hf import load_model
     from tryloop.agent.hf_policy import HFPolicy
@@ -41,6 +41,9 @@ async def evaluate_all(cfg: TryloopConfig, weights, label: str) -> dict:
 
     store = TaskStore(cfg.tasks.store_url)
     tasks = [store.get(e.fingerprint) for e in store.query(source="humaneval")]
+    if train_subset is not None:  # every held-out task, and the first N train tasks by fingerprint
+        train = sorted((t for t in tasks if t.meta.split == "train"), key=lambda t: t.fingerprint())
+        tasks = [t for t in tasks if t.meta.split == "eval"] + train[:train_subset]
     split = {t.fingerprint(): t.meta.split for t in tasks}
     tc = cfg.train
     policy = HFPolicy(load_model(tc.policy.name), temperature=0.0, max_new_tokens=tc.limits.max_new_tokens,
@@ -64,7 +67,8 @@ async def evaluate_all(cfg: TryloopConfig, weights, label: str) -> dict:
         n, c = len(ts), sum(t.verdict == "pass" for t in ts)
         lo, hi = wilson_interval(c, n) if n else (0.0, 0.0)
         out[name] = {"tasks": n, "passed": c, "pass_at_1": c / n if n else None, "ci95": [lo, hi],
-                     "passed_ids": sorted(t.task_id for t in ts if t.verdict == "pass")}
+                     "passed_ids": sorted(t.task_id for t in ts if t.verdict == "pass"),
+                     "task_ids": sorted(t.task_id for t in ts)}
     return out
 
 
@@ -73,6 +77,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--root", type=Path, default=Path("/var/lib/tryloop/learning"))
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results-learning.json"))
+    ap.add_argument("--reuse-before", action="store_true", help="keep the 'before' evaluation already in --out")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="no more training: evaluate the run's latest checkpoint (a run stopped early)")
+    ap.add_argument("--after-train-subset", type=int, default=None,
+                    help="evaluate after training on every held-out task but only N train tasks "
+                         "(compared with 'before' on the same tasks)")
     args = ap.parse_args()
     r = args.root
     cfg = TryloopConfig.model_validate({
@@ -90,10 +100,14 @@ def main() -> None:
     tasks = {e.fingerprint: store.get(e.fingerprint) for e in store.entries()}
     reps = pick_representatives(tasks.values())[:3]
     gold = [i for t in reps for i in builtin_items(t)]
-    gate = asyncio.run(run_gate(rt, tasks, gold, cfg.rewards.spec, GateRecords(cfg.rewards.gate_dir)))
-    print(f"gate approved: {gate.approved}", flush=True)
+    if not args.eval_only:
+        gate = asyncio.run(run_gate(rt, tasks, gold, cfg.rewards.spec, GateRecords(cfg.rewards.gate_dir)))
+        print(f"gate approved: {gate.approved}", flush=True)
     results = {"config": cfg.train.model_dump(mode="json")}
-    results["before"] = asyncio.run(evaluate_all(cfg, None, "before"))
+    if args.reuse_before:
+        results["before"] = json.loads(args.out.read_text())["before"]
+    else:
+        results["before"] = asyncio.run(evaluate_all(cfg, None, "before"))
     print("before", {k: v for k, v in results["before"].items() if k != "wall_s"}, flush=True)
     args.out.write_text(json.dumps(results, indent=1))
 
@@ -102,16 +116,47 @@ def main() -> None:
 
     t0 = time.perf_counter()
     run_dir = Path(cfg.store.runs_dir) / "learning"
-    res = asyncio.run(train(cfg, cfg.train, resume=checkpoint.latest(run_dir) is not None,
-                            hook=lambda e, d: print(e, {k: v for k, v in d.items() if k in (
-                                "step", "reward_mean", "pass_rate", "learn_loss", "groups_dropped")}, flush=True)
-                            if e == "step" else None))
-    results["train"] = {"wall_s": round(time.perf_counter() - t0, 1), "metrics": res.metrics,
-                        "report": str(res.report_path)}
+    if args.eval_only:
+        from tryloop.train.run import read_jsonl
+
+        from tryloop.train.report import write_report
+
+        metrics = read_jsonl(run_dir / "metrics.jsonl")
+        report = write_report(run_dir, metrics, read_jsonl(run_dir / "evals.jsonl"),
+                              json.loads((run_dir / "manifest.json").read_text()))
+        results["train"] = {"wall_s": None, "metrics": metrics, "stopped_after_step": metrics[-1]["step"],
+                            "report": str(report)}
+    else:
+        res = asyncio.run(train(cfg, cfg.train, resume=checkpoint.latest(run_dir) is not None,
+                                hook=lambda e, d: print(e, {k: v for k, v in d.items() if k in (
+                                    "step", "reward_mean", "pass_rate", "learn_loss", "groups_dropped")},
+                                    flush=True) if e == "step" else None))
+        results["train"] = {"wall_s": round(time.perf_counter() - t0, 1), "metrics": res.metrics,
+                            "report": str(res.report_path)}
     learner_state, _ = checkpoint.load(checkpoint.latest(run_dir))
-    results["after"] = asyncio.run(evaluate_all(cfg, learner_state["model"], "after"))
+    results["after"] = asyncio.run(evaluate_all(cfg, learner_state["model"], "after", args.after_train_subset))
     print("after", {k: v for k, v in results["after"].items() if k != "wall_s"}, flush=True)
+    results["paired"] = paired(results["before"], results["after"])
+    print("paired", results["paired"], flush=True)
     args.out.write_text(json.dumps(results, indent=1))
+
+
+def paired(before: dict, after: dict) -> dict:
+    """Before vs after on the same tasks: counts, and the tasks that flipped each way (a sign test
+    over discordant tasks says whether the change is outside noise)."""
+    from math import comb
+
+    out = {}
+    for name in ("train", "eval", "all"):
+        ids = set(after[name]["task_ids"])
+        b, a = set(before[name]["passed_ids"]) & ids, set(after[name]["passed_ids"])
+        gained, lost = sorted(a - b), sorted(b - a)
+        n = len(gained) + len(lost)
+        # two-sided exact sign test p-value
+        p = min(1.0, 2 * sum(comb(n, k) for k in range(0, min(len(gained), len(lost)) + 1)) / 2 ** n) if n else 1.0
+        out[name] = {"tasks": len(ids), "before": len(b), "after": len(a), "gained": gained, "lost": lost,
+                     "sign_test_p": p}
+    return out
 
 
 if __name__ == "__main__":
