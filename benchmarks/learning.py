@@ -117,9 +117,8 @@ def main() -> None:
     t0 = time.perf_counter()
     run_dir = Path(cfg.store.runs_dir) / "learning"
     if args.eval_only:
-        from tryloop.train.run import read_jsonl
-
         from tryloop.train.report import write_report
+        from tryloop.train.run import read_jsonl
 
         metrics = read_jsonl(run_dir / "metrics.jsonl")
         report = write_report(run_dir, metrics, read_jsonl(run_dir / "evals.jsonl"),

@@ -15,7 +15,10 @@ def _limits() -> EpisodeLimits:
 
 
 class TrainRunConfig(_Model):
-    algo: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=2e-6, micro_batch=4, max_length=2048),
+    # micro_batch 2 and no entropy logging: full-vocabulary log-softmax over ~1k-token sequences is
+    # the memory peak of a CPU step (4 sequences with entropy went past 24 GB).
+    algo: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=2e-6, micro_batch=2, max_length=2048,
+                                                                  log_entropy=False),
                               description="advantages, loss and optimizer")
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(temperature=1.0),
                                  description="the local model trained (sampled at T=1: on-policy log-probs)")
