@@ -84,6 +84,18 @@ def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _release_memory() -> None:
+    """Give freed tensor memory back to the OS after an update: glibc keeps large freed blocks of
+    varying sizes in its arenas, and a CPU run's resident memory otherwise grows step by step."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _truncate_jsonl(path: Path, before_step: int) -> None:
     """Drop rows of steps >= `before_step`: a kill between a row and its checkpoint leaves a row the
     resumed run writes again (the held-out baseline, step -1, is kept)."""
@@ -248,6 +260,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             weights = await asyncio.to_thread(learner.export_weights, True)
             await policy.engine.update_weights(weights, version=f"step-{step}")
             update_s = time.perf_counter() - t0
+            del weights
+            _release_memory()
             row = _step_metrics(step, trajs, adv, learn, update_s, envs)
             _append_jsonl(metrics_path, row)
             result.metrics.append(row)
