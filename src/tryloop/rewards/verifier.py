@@ -47,7 +47,7 @@ from tryloop.rewards.verdict import Changes, Flag, Verdict
 from tryloop.rewards.version import code_version, reward_version, spec_version
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import sandbox_config_for, task_snapshot
+from tryloop.tasks.testrun import OUTCOME_SOURCE, sandbox_config_for, task_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +82,17 @@ def _make():
 # What `python -m pytest` does (the working directory first on sys.path), but only now that
 # pytest itself is imported: a workspace module can no longer stand in for the test framework.
 sys.path.insert(0, os.getcwd())
+''' + OUTCOME_SOURCE + r'''
 
 
-def _plugin(emit):
-    # The hooks close over `emit`: replacing this module's attributes later (from code under
-    # test) changes nothing pluggy calls.
+def _plugin(emit, outcome_of=_outcome):
+    # The hooks close over `emit` and `outcome_of`: replacing this module's attributes later
+    # (from code under test) changes nothing pluggy calls.
     class Plugin:
         def pytest_runtest_logreport(self, report):
-            if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-                if hasattr(report, "wasxfail"):
-                    outcome = "xfailed" if report.skipped else "xpassed"
-                elif report.failed:
-                    outcome = "failed" if report.when == "call" else "error"
-                else:
-                    outcome = report.outcome
+            outcome = outcome_of(report)
+            if outcome is not None:
                 emit("test", id=report.nodeid, outcome=outcome)
-            elif report.when == "teardown" and report.failed:
-                emit("test", id=report.nodeid, outcome="error")
 
         def pytest_collectreport(self, report):
             if report.failed:

@@ -23,24 +23,33 @@ Outcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed"]
 REPORT_DIR = "/tmp/.tryloop-report"
 REPORT_FILE = f"{REPORT_DIR}/report.json"
 
+# How a pytest report decides a test's outcome. Shared, as source, by this plugin and the
+# verifier's (tryloop.rewards.verifier), so the gate and the verifier classify alike.
+OUTCOME_SOURCE = '''
+def _outcome(report):
+    """The test's outcome if this report decides it, else None."""
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if hasattr(report, "wasxfail"):
+            return "xfailed" if report.skipped else "xpassed"
+        if report.failed:
+            return "failed" if report.when == "call" else "error"
+        return report.outcome
+    if report.when == "teardown" and report.failed:
+        return "error"
+    return None
+'''
+
 PLUGIN = '''
 """tryloop's per-test outcome recorder (written by tryloop, loaded with -p)."""
 import json, os
 
 _results = {}
+''' + OUTCOME_SOURCE + '''
 
 def pytest_runtest_logreport(report):
-    nodeid = report.nodeid
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        if hasattr(report, "wasxfail"):
-            outcome = "xfailed" if report.skipped else "xpassed"
-        elif report.failed:
-            outcome = "failed" if report.when == "call" else "error"
-        else:
-            outcome = report.outcome
-        _results[nodeid] = outcome
-    elif report.when == "teardown" and report.failed:
-        _results[nodeid] = "error"
+    outcome = _outcome(report)
+    if outcome is not None:
+        _results[report.nodeid] = outcome
 
 def pytest_collectreport(report):
     if report.failed:
