@@ -2,8 +2,8 @@
 
 A multi-turn episode's token sequence is built by appending, never by
 re-rendering: `start` gives the first prompt's ids; after each turn the
-sampled ids are appended as they are (never re-tokenized, DESIGN.md invariant
-6), then `append_observation` gives only the ids of what follows them: the end
+sampled ids are appended as they are (never re-tokenized, docs/architecture.md,
+invariant 6), then `append_observation` gives only the ids of what follows them: the end
 of the assistant's turn if the model did not write it, the tool / user
 messages, and the next generation prompt.
 

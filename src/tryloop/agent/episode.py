@@ -10,7 +10,7 @@ does not raise for anything the policy or the agent's code does:
   context or the token budget ("context_full"), when the wall-clock budget is
   spent ("timeout"), or when the policy fails ("error");
 * in every case the final workspace is taken as a diff and judged by the
-  verifier in a fresh sandbox (DESIGN.md invariant 3); the trajectory carries
+  verifier in a fresh sandbox (docs/architecture.md, invariant 3); the trajectory carries
   the verdict, components, flags and reward version.
 
 Infrastructure faults (a sandbox that will not start or dies) propagate as

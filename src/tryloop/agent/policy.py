@@ -6,7 +6,7 @@
 
 A session owns the episode's token log: prompt and observation tokens are
 appended unmasked, sampled tokens masked in with their log-probabilities, in the
-exact order the model saw them (DESIGN.md, invariant 6). A policy that cannot
+exact order the model saw them (docs/architecture.md, invariant 6). A policy that cannot
 know its tokens (a server without token data, a scripted policy) says so with
 `tokens.source = "unavailable"`.
 """

@@ -1,6 +1,6 @@
 """What one episode leaves behind: the exact tokens, the turns, the verdict.
 
-Token-in, token-out (DESIGN.md, invariant 6): `token_ids` is the whole
+Token-in, token-out (docs/architecture.md, invariant 6): `token_ids` is the whole
 sequence the policy saw and produced, in order; `loss_mask[i] == 1` exactly
 for tokens the policy sampled, with their sampling log-probability in
 `logprobs[i]` (0.0 elsewhere). Tool output and chat-template tokens are never

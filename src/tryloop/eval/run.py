@@ -1,7 +1,7 @@
 """Evaluate a policy over a split of the task store: k samples per task, bounded concurrency.
 
 Every finished trajectory is written to the trajectory store before it is
-counted (DESIGN.md, invariant 7); a rerun with the same run id skips episodes
+counted (docs/architecture.md, invariant 7); a rerun with the same run id skips episodes
 already stored, so an interrupted evaluation continues where it stopped.
 """
 

@@ -1,6 +1,6 @@
 """What a model server answered, parsed out of the OpenAI response shapes.
 
-Token-level data is kept only when the server really offers it (DESIGN.md,
+Token-level data is kept only when the server really offers it (docs/architecture.md,
 invariant 6): `token_ids` from an explicit `token_ids` field (vLLM's
 `return_token_ids`) or from vLLM's `return_tokens_as_token_ids` form
 `"token_id:123"` in the logprobs; `logprobs` from the per-token entries. When

@@ -13,7 +13,7 @@ A judge reads text the policy wrote, so the policy can attack it. The guards:
   Anything else — no score, two scores, a score out of range, an answer cut at
   max_tokens, a tool call — is no_verdict.
 * Every failure of the call (timeout, HTTP error, malformed response) is
-  no_verdict with the reason: never a 0 or a 1 (DESIGN.md, invariant 4).
+  no_verdict with the reason: never a 0 or a 1 (docs/architecture.md, invariant 4).
 * Deterministic pre-checks decide without the model: an empty answer, one with
   no letter or digit ("{}", "..."), one that is only a reasoning opener
   ("Solution:", "Thought process:") fails; an over-long answer is cut to

@@ -2,7 +2,7 @@
 
 pass / fail / no_verdict. A verifier crash, a verifier timeout or an
 infrastructure fault is `no_verdict` with a reason: it is retried or dropped,
-never scored 0 or 1 (DESIGN.md, invariant 4).
+never scored 0 or 1 (docs/architecture.md, invariant 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The verifier: judge an agent's final workspace apart from the agent (DESIGN.md, invariant 3).
+"""The verifier: judge an agent's final workspace apart from the agent (docs/architecture.md, invariant 3).
 
     verdict = await verify(runtime, task, Submission(changes=...), spec)
 

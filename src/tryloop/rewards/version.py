@@ -1,4 +1,4 @@
-"""Reward versions: a content hash of everything that produced a reward (DESIGN.md, invariant 5).
+"""Reward versions: a content hash of everything that produced a reward (docs/architecture.md, invariant 5).
 
     spec version   = H(verifier code, image, reward spec incl. weights and flag policy,
                        judge model + prompt, detector set)

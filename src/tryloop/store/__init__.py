@@ -1,7 +1,7 @@
 """Object storage for what a run produces: trajectory datasets (Parquet) and their exports.
 
 Local directory by default, any fsspec URL (s3://, gs://, memory://) the same way.
-The store keeps data exact and findable; it never interprets it (DESIGN.md).
+The store keeps data exact and findable; it never interprets it (docs/architecture.md).
 """
 
 from tryloop.store.exports import (

@@ -3,7 +3,7 @@
     <url>/run=<run id, URI-encoded>/step=<step>/part-<uuid7>.parquet     committed parts
     <url>/run=.../step=.../.part-<uuid7>.<ns>.tmp                         a write in flight (or a crash)
 
-Durable before counted (DESIGN.md, invariant 7): `write` returns only once every
+Durable before counted (docs/architecture.md, invariant 7): `write` returns only once every
 part it wrote is committed — on a local disk the file is fsynced, renamed into
 place and its directory fsynced; elsewhere it is written under a temporary name
 and moved, and object stores publish an object only when its upload completes.

@@ -1,6 +1,6 @@
 """Metrics with confidence intervals, and reports (self-contained HTML, rich console).
 
-Telemetry observes; it never changes behaviour (DESIGN.md).
+Telemetry observes; it never changes behaviour (docs/architecture.md).
 """
 
 from tryloop.telemetry.report import Report, render_tables
