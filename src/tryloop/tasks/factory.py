@@ -242,3 +242,26 @@ async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: P
 
     await asyncio.gather(*(one(t) for t in humaneval_tasks(work_dir / "humaneval", limit=limit)))
     return report
+
+
+async def build_functions(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
+                          eval_fraction: float, seed: int = 0, per_family: int = 8, concurrency: int = 2,
+                          families: list[str] | None = None, progress: Progress | None = None) -> GateReport:
+    """The synthesized function tasks (tiers 1-3, split by family; all templates or `families`), gated."""
+    import asyncio
+
+    from tryloop.tasks.sources.functions import function_tasks
+
+    report = GateReport()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> None:
+        async with sem:
+            await admit(runtime, store, task, report, f"functions:tier-{task.meta.origin['tier']}", gate,
+                        eval_fraction=eval_fraction, seed=seed)
+        if progress:
+            progress(task.id, None)
+
+    tasks = function_tasks(work_dir / "functions", per_family=per_family, seed=seed, families=families)
+    await asyncio.gather(*(one(t) for t in tasks))
+    return report

@@ -1,0 +1,326 @@
+"""Function tasks synthesized from templates, graded from trivial up to HumanEval level.
+
+A small model learns only where it sometimes succeeds. HumanEval alone is out
+of reach for a 135M model (its pass rate is ~0 on most problems), so this
+source makes function-writing tasks in tiers:
+
+    tier 1  one expression: arithmetic on an argument, a string suffix, a comparison
+    tier 2  one pass over a list or string: sums, counts, filters, maps
+    tier 3  a loop with state or a small algorithm: runs, primes, digits, encodings
+
+Each template is a family (its tasks share one split, so a held-out family is
+never seen in training); its variants differ in constants, characters and
+names, drawn from a seeded RNG, so the same seed gives the same tasks. The
+hidden tests compare the candidate with the reference implementation on
+inputs drawn from the same RNG (expected values computed here, written as
+literals), plus the examples the docstring shows. Tasks have the layout of
+the HumanEval source: `solution.py` with a stub body, the tests in
+`tests/test_solution.py`, the answer a ```python block.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tryloop.tasks.model import Task, TaskMeta
+
+SOURCE = "functions"
+TEST_FILE = "tests/test_solution.py"
+TIERS = {1: "easy", 2: "medium", 3: "hard"}   # TaskMeta.tier; the numeric tier is in origin and tags
+
+Gen = Callable[[random.Random], Any]
+
+
+@dataclass(frozen=True)
+class Template:
+    """One family. `params` draws the variant's constants; `body` is the reference body (a Python
+    expression or statements, formatted with the params); `inputs` draws one argument tuple."""
+
+    family: str
+    tier: int
+    names: tuple[str, ...]          # function names the variants choose from
+    args: str                       # the signature's parameters, e.g. "x: int"
+    returns: str
+    doc: str                        # docstring, formatted with the params
+    body: str                       # reference body, formatted with the params
+    inputs: Callable[[random.Random, dict[str, Any]], tuple]
+    params: Callable[[random.Random], dict[str, Any]] = lambda rng: {}
+
+
+def _ints(lo: int, hi: int, n_lo: int = 0, n_hi: int = 8) -> Gen:
+    return lambda rng: [rng.randint(lo, hi) for _ in range(rng.randint(n_lo, n_hi))]
+
+
+def _word(rng: random.Random, lo: int = 1, hi: int = 8) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(lo, hi)))
+
+
+def _sentence(rng: random.Random) -> str:
+    return " ".join(_word(rng, 1, 7) for _ in range(rng.randint(1, 6)))
+
+
+def _k(lo: int, hi: int) -> Callable[[random.Random], dict[str, Any]]:
+    return lambda rng: {"k": rng.randint(lo, hi)}
+
+
+def _char(rng: random.Random) -> dict[str, Any]:
+    return {"c": rng.choice("aeiourstln")}
+
+
+def _x(lo: int = -50, hi: int = 50) -> Callable[[random.Random, dict], tuple]:
+    return lambda rng, p: (rng.randint(lo, hi),)
+
+
+def _xy(lo: int = -50, hi: int = 50) -> Callable[[random.Random, dict], tuple]:
+    return lambda rng, p: (rng.randint(lo, hi), rng.randint(lo, hi))
+
+
+_xs = lambda lo=-20, hi=20, n_hi=8, n_lo=0: (lambda rng, p: (_ints(lo, hi, n_lo, n_hi)(rng),))  # noqa: E731
+_s = lambda rng, p: (_word(rng, 0, 10),)  # noqa: E731
+_sent = lambda rng, p: (_sentence(rng),)  # noqa: E731
+
+
+TEMPLATES: tuple[Template, ...] = (
+    # --- tier 1: one expression ----------------------------------------------------------------
+    Template("add-constant", 1, ("add_{k}", "plus_{k}", "increase_by_{k}"), "x: int", "int",
+             "Return x plus {k}.", "return x + {k}", _x(), _k(2, 99)),
+    Template("multiply-constant", 1, ("times_{k}", "multiply_by_{k}", "scale_{k}"), "x: int", "int",
+             "Return x multiplied by {k}.", "return x * {k}", _x(), _k(2, 12)),
+    Template("affine", 1, ("affine", "line_value", "linear"), "x: int", "int",
+             "Return {a} times x plus {b}.", "return {a} * x + {b}", _x(),
+             lambda rng: {"a": rng.randint(2, 9), "b": rng.randint(1, 30)}),
+    Template("greater-than", 1, ("above_{k}", "is_greater_than_{k}", "exceeds_{k}"), "x: int", "bool",
+             "Return True if x is greater than {k}, else False.", "return x > {k}", _x(), _k(-10, 20)),
+    Template("divisible", 1, ("divisible_by_{k}", "is_multiple_of_{k}"), "n: int", "bool",
+             "Return True if n is divisible by {k}, else False.", "return n % {k} == 0", _x(0, 200), _k(2, 9)),
+    Template("square-plus", 1, ("square_plus_{k}", "squared_plus_{k}"), "x: int", "int",
+             "Return the square of x plus {k}.", "return x * x + {k}", _x(-20, 20), _k(1, 20)),
+    Template("max-of-two", 1, ("larger", "max_of_two", "bigger"), "a: int, b: int", "int",
+             "Return the larger of a and b.", "return a if a >= b else b", _xy()),
+    Template("abs-difference", 1, ("distance", "abs_difference", "gap"), "a: int, b: int", "int",
+             "Return the absolute difference between a and b.", "return abs(a - b)", _xy()),
+    Template("add-suffix", 1, ("with_suffix", "add_ending", "append_tag"), "s: str", "str",
+             "Return s followed by the text '{suf}'.", "return s + {suf!r}", _s,
+             lambda rng: {"suf": rng.choice(["!", "_x", ".txt", "-ok", "ing", "?!"])}),
+    Template("repeat-string", 1, ("repeat_{k}", "times_{k}_str", "echo_{k}"), "s: str", "str",
+             "Return s repeated {k} times.", "return s * {k}", _s, _k(2, 5)),
+    Template("last-digit", 1, ("last_digit", "ones_digit", "final_digit"), "n: int", "int",
+             "Return the last decimal digit of the non-negative integer n.", "return n % 10", _x(0, 10000)),
+    Template("length-plus", 1, ("length_plus_{k}", "size_plus_{k}"), "s: str", "int",
+             "Return the length of s plus {k}.", "return len(s) + {k}", _s, _k(1, 9)),
+    Template("upper-case", 1, ("shout", "to_upper", "loud"), "s: str", "str",
+             "Return s in upper case.", "return s.upper()", _s),
+    Template("is-negative", 1, ("is_negative", "below_zero", "negative"), "x: int", "bool",
+             "Return True if x is less than zero, else False.", "return x < 0", _x()),
+    Template("half", 1, ("half", "halve", "divide_by_two"), "n: int", "int",
+             "Return n divided by 2, rounded down (integer division).", "return n // 2", _x(-100, 100)),
+    Template("min-of-three", 1, ("smallest", "min_of_three", "least"), "a: int, b: int, c: int", "int",
+             "Return the smallest of a, b and c.", "return min(a, b, c)",
+             lambda rng, p: tuple(rng.randint(-50, 50) for _ in range(3))),
+    # --- tier 2: one pass over a list or a string ------------------------------------------------
+    Template("sum-list", 2, ("total", "sum_list", "add_all"), "xs: list[int]", "int",
+             "Return the sum of the numbers in xs (0 for an empty list).", "return sum(xs)", _xs()),
+    Template("count-greater", 2, ("count_above_{k}", "how_many_over_{k}"), "xs: list[int]", "int",
+             "Return how many numbers in xs are greater than {k}.", "return sum(1 for x in xs if x > {k})",
+             _xs(), _k(-5, 10)),
+    Template("keep-evens", 2, ("evens", "keep_even", "only_even"), "xs: list[int]", "list[int]",
+             "Return the even numbers of xs, in their order.", "return [x for x in xs if x % 2 == 0]", _xs()),
+    Template("add-to-all", 2, ("shift_all_{k}", "add_{k}_to_each"), "xs: list[int]", "list[int]",
+             "Return a new list with {k} added to every number of xs.", "return [x + {k} for x in xs]",
+             _xs(), _k(1, 20)),
+    Template("max-list", 2, ("largest", "max_value", "biggest"), "xs: list[int]", "int",
+             "Return the largest number in the non-empty list xs.", "return max(xs)", _xs(n_lo=1)),
+    Template("count-char", 2, ("count_{c}", "number_of_{c}"), "s: str", "int",
+             "Return how many times the letter '{c}' occurs in s.", "return s.count({c!r})", _sent, _char),
+    Template("reverse-string", 2, ("reverse", "backwards", "mirror"), "s: str", "str",
+             "Return s reversed.", "return s[::-1]", _s),
+    Template("sum-squares", 2, ("sum_of_squares", "square_sum"), "xs: list[int]", "int",
+             "Return the sum of the squares of the numbers in xs.", "return sum(x * x for x in xs)", _xs(-10, 10)),
+    Template("word-count", 2, ("word_count", "count_words"), "s: str", "int",
+             "Return the number of words in s (words are separated by spaces).", "return len(s.split())", _sent),
+    Template("remove-char", 2, ("drop_{c}", "without_{c}"), "s: str", "str",
+             "Return s with every '{c}' removed.", "return s.replace({c!r}, '')", _sent, _char),
+    Template("product-list", 2, ("product", "multiply_all"), "xs: list[int]", "int",
+             "Return the product of the numbers in xs (1 for an empty list).",
+             "result = 1\n    for x in xs:\n        result *= x\n    return result", _xs(-5, 5, 6)),
+    Template("first-word", 2, ("first_word", "head_word"), "s: str", "str",
+             "Return the first word of the non-empty sentence s (words are separated by spaces).",
+             "return s.split()[0]", _sent),
+    Template("count-negatives", 2, ("count_negative", "negatives"), "xs: list[int]", "int",
+             "Return how many numbers in xs are negative.", "return sum(1 for x in xs if x < 0)", _xs()),
+    Template("double-all", 2, ("double_each", "doubled"), "xs: list[int]", "list[int]",
+             "Return a new list with every number of xs doubled.", "return [2 * x for x in xs]", _xs()),
+    Template("contains", 2, ("has_{k}", "contains_{k}"), "xs: list[int]", "bool",
+             "Return True if the number {k} is in xs, else False.", "return {k} in xs", _xs(0, 9), _k(0, 9)),
+    Template("average", 2, ("mean", "average"), "xs: list[int]", "float",
+             "Return the average of the non-empty list xs as a float.", "return sum(xs) / len(xs)",
+             _xs(-20, 20, 8, 1)),
+    # --- tier 3: a loop with state, or a small algorithm ------------------------------------------
+    Template("count-vowels", 3, ("count_vowels", "vowel_count"), "s: str", "int",
+             "Return the number of vowels (a, e, i, o, u) in the lowercase string s.",
+             "return sum(1 for ch in s if ch in 'aeiou')", _sent),
+    Template("palindrome", 3, ("is_palindrome", "reads_same_backwards"), "s: str", "bool",
+             "Return True if s reads the same forwards and backwards.", "return s == s[::-1]",
+             lambda rng, p: (rng.choice([_word(rng, 0, 6), (lambda w: w + w[::-1])(_word(rng, 1, 4))]),)),
+    Template("factorial", 3, ("factorial", "fact"), "n: int", "int",
+             "Return n! (the product 1 * 2 * ... * n; 0! is 1) for n >= 0.",
+             "result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result", _x(0, 12)),
+    Template("fizzbuzz", 3, ("fizz_buzz", "fizzbuzz_word"), "n: int", "str",
+             "Return 'Fizz' if n is divisible by {a}, 'Buzz' if by {b}, 'FizzBuzz' if by both, "
+             "otherwise str(n).",
+             "if n % {a} == 0 and n % {b} == 0:\n        return 'FizzBuzz'\n    if n % {a} == 0:\n"
+             "        return 'Fizz'\n    if n % {b} == 0:\n        return 'Buzz'\n    return str(n)", _x(1, 100),
+             lambda rng: dict(zip("ab", rng.sample([2, 3, 5, 7], 2), strict=True))),
+    Template("sum-digits", 3, ("digit_sum", "sum_digits"), "n: int", "int",
+             "Return the sum of the decimal digits of the non-negative integer n.",
+             "return sum(int(d) for d in str(n))", _x(0, 100000)),
+    Template("is-prime", 3, ("is_prime", "prime"), "n: int", "bool",
+             "Return True if n is a prime number, else False.",
+             "if n < 2:\n        return False\n    for d in range(2, int(n ** 0.5) + 1):\n        if n % d == 0:\n"
+             "            return False\n    return True", _x(0, 200)),
+    Template("fibonacci", 3, ("fib", "fibonacci"), "n: int", "int",
+             "Return the n-th Fibonacci number, with fib(0) = 0 and fib(1) = 1.",
+             "a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a", _x(0, 30)),
+    Template("reverse-words", 3, ("reverse_words", "words_backwards"), "s: str", "str",
+             "Return the words of s in reverse order, joined by single spaces.",
+             "return ' '.join(reversed(s.split()))", _sent),
+    Template("running-sum", 3, ("running_total", "cumulative_sum"), "xs: list[int]", "list[int]",
+             "Return the running sums of xs: element i is xs[0] + ... + xs[i].",
+             "out, total = [], 0\n    for x in xs:\n        total += x\n        out.append(total)\n    return out",
+             _xs()),
+    Template("second-largest", 3, ("second_largest", "runner_up"), "xs: list[int]", "int",
+             "Return the second largest distinct number in xs (xs has at least two distinct numbers).",
+             "return sorted(set(xs))[-2]",
+             lambda rng, p: (lambda v: (v + [max(v) + rng.randint(1, 5)],))(_ints(-20, 20, 1, 7)(rng))),
+    Template("unique-sorted", 3, ("unique_sorted", "distinct_sorted"), "xs: list[int]", "list[int]",
+             "Return the distinct numbers of xs in increasing order.", "return sorted(set(xs))", _xs(0, 9, 10)),
+    Template("caesar", 3, ("shift_letters_{k}", "caesar_{k}"), "s: str", "str",
+             "Shift every lowercase letter of s forward by {k} in the alphabet (z wraps to a); keep spaces.",
+             "return ''.join(chr((ord(ch) - 97 + {k}) % 26 + 97) if ch.islower() else ch for ch in s)",
+             _sent, _k(1, 5)),
+    Template("longest-word", 3, ("longest_word", "longest"), "s: str", "str",
+             "Return the longest word of the non-empty sentence s; the first one if several tie.",
+             "return max(s.split(), key=len)", _sent),
+    Template("count-long-words", 3, ("count_long_words", "long_words"), "s: str", "int",
+             "Return how many words of s have more than {k} letters.",
+             "return sum(1 for w in s.split() if len(w) > {k})", _sent, _k(2, 5)),
+    Template("max-run", 3, ("longest_run", "max_streak"), "xs: list[int]", "int",
+             "Return the length of the longest run of equal adjacent numbers in xs (0 for an empty list).",
+             "best = run = 0\n    for i, x in enumerate(xs):\n        run = run + 1 if i and xs[i - 1] == x else 1\n"
+             "        best = max(best, run)\n    return best", _xs(0, 2, 9)),
+    Template("gcd", 3, ("gcd", "greatest_common_divisor"), "a: int, b: int", "int",
+             "Return the greatest common divisor of the positive integers a and b.",
+             "while b:\n        a, b = b, a % b\n    return a", _xy(1, 200)),
+    Template("digits-list", 3, ("digits", "to_digits"), "n: int", "list[int]",
+             "Return the decimal digits of the non-negative integer n, most significant first.",
+             "return [int(d) for d in str(n)]", _x(0, 99999)),
+)
+
+
+def _fmt(text: str, params: dict[str, Any]) -> str:
+    return text.format(**params) if params else text
+
+
+@dataclass(frozen=True)
+class Variant:
+    template: Template
+    index: int
+    name: str
+    params: dict[str, Any]
+    examples: list[tuple[tuple, Any]]     # shown in the docstring
+    cases: list[tuple[tuple, Any]]        # hidden tests (examples included)
+
+    @property
+    def task_id(self) -> str:
+        return f"{SOURCE}/{self.template.family}-{self.index}"
+
+    def signature(self) -> str:
+        return f"def {self.name}({self.template.args}) -> {self.template.returns}:"
+
+    def reference(self) -> str:
+        return f"{self.signature()}\n    {_fmt(self.template.body, self.params)}\n"
+
+    def prompt(self) -> str:
+        """The signature and docstring with examples (what the instruction and the stub show)."""
+        lines = [self.signature(), f'    """{_fmt(self.template.doc, self.params)}', ""]
+        lines += [f"    >>> {self.name}({', '.join(map(repr, a))})\n    {r!r}" for a, r in self.examples]
+        lines.append('    """')
+        return "\n".join(lines) + "\n"
+
+
+def _call(fn: Callable, args: tuple) -> Any:
+    out = fn(*args)
+    return round(out, 6) if isinstance(out, float) else out
+
+
+def make_variant(template: Template, index: int, seed: int = 0, *, examples: int = 2, cases: int = 8) -> Variant:
+    rng = random.Random(f"{seed}:{template.family}:{index}")
+    params = template.params(rng)
+    name = rng.choice(template.names).format(**params).replace("-", "minus_")
+    ns: dict[str, Any] = {}
+    v = Variant(template, index, name, params, [], [])
+    exec(compile(v.reference(), f"<{v.task_id}>", "exec"), ns)   # our own template, never task input
+    fn = ns[name]
+    seen: dict[str, tuple[tuple, Any]] = {}
+    for _ in range(cases * 10):
+        if len(seen) >= cases:
+            break
+        args = template.inputs(rng, params)
+        seen.setdefault(repr(args), (args, _call(fn, args)))
+    all_cases = list(seen.values())
+    return Variant(template, index, name, params, all_cases[:examples], all_cases)
+
+
+def hidden_test_source(v: Variant) -> str:
+    rows = ",\n".join(f"    ({a!r}, {r!r})" for a, r in v.cases)
+    approx = v.template.returns == "float"
+    check = "assert abs(got - expected) < 1e-6" if approx else "assert got == expected"
+    return (f'"""Hidden tests of {v.task_id}: {v.name} on {len(v.cases)} inputs."""\n\n'
+            f"import pytest\n\nfrom solution import {v.name}\n\nCASES = [\n{rows},\n]\n\n\n"
+            f"@pytest.mark.parametrize(('args', 'expected'), CASES)\n"
+            f"def test_{v.name}(args, expected):\n    got = {v.name}(*args)\n    {check}\n")
+
+
+def instruction_for(v: Variant) -> str:
+    return (f"Implement `{v.name}` in `solution.py` as its docstring describes; the tests import it from "
+            f"`solution.py`.\n\n```python\n{v.prompt().rstrip()}\n```\n")
+
+
+def function_task(v: Variant, dest: str | Path) -> Task:
+    t = v.template
+    meta = TaskMeta(
+        id=v.task_id, family=f"{SOURCE}-{t.family}", project=SOURCE, source=SOURCE,
+        description=f"{t.family} (tier {t.tier}): {v.name}", tier=TIERS[t.tier],
+        tags=["function", f"tier-{t.tier}"], test_command="python3 -m pytest -q tests", test_timeout_s=60.0,
+        answer_file="solution.py",
+        origin={"template": t.family, "tier": t.tier, "variant": v.index, "params": v.params})
+    stub = v.prompt() + "    raise NotImplementedError\n"
+    return Task.create(dest, meta, instruction_for(v), workspace={"solution.py": stub},
+                       tests={TEST_FILE: hidden_test_source(v)}, solution={"solution.py": v.prompt() + "    " +
+                                                                          _fmt(t.body, v.params) + "\n"})
+
+
+def function_tasks(dest_root: str | Path, *, per_family: int = 6, seed: int = 0,
+                   families: list[str] | None = None) -> list[Task]:
+    """`per_family` variants of every template (or of `families`), written under `dest_root`."""
+    root = Path(dest_root)
+    out: list[Task] = []
+    for t in TEMPLATES:
+        if families is not None and t.family not in families:
+            continue
+        names: set[str] = set()
+        for i in range(per_family * 4):     # a name may repeat across draws: keep distinct ones
+            if len(names) >= per_family:
+                break
+            v = make_variant(t, i, seed)
+            key = f"{v.name}:{sorted(v.params.items())}"
+            if key in names:
+                continue
+            names.add(key)
+            out.append(function_task(v, root / SOURCE / f"{t.family}-{i}"))
+    return out
