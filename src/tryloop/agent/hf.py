@@ -108,6 +108,35 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return resolved
 
 
+def bf16_supported(device: str | torch.device = "cpu") -> bool:
+    """Whether bfloat16 matmuls are fast on `device`: a CUDA GPU with bf16, or a CPU with AMX
+    or AVX512-BF16 (elsewhere torch emulates bf16, slower than float32)."""
+    device = resolve_device(device)
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    cpu = getattr(torch, "cpu", None)
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        fn = getattr(cpu, probe, None)
+        if fn is not None:
+            with contextlib.suppress(Exception):
+                if fn():
+                    return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags.split() for f in ("amx_bf16", "avx512_bf16"))
+
+
+def resolve_engine_dtype(dtype: str | torch.dtype, device: str | torch.device = "auto") -> torch.dtype:
+    """"float32" | "bfloat16" | "auto" (bfloat16 where `bf16_supported(device)`, else float32)."""
+    if isinstance(dtype, str) and dtype == "auto":
+        return torch.bfloat16 if bf16_supported(device) else torch.float32
+    return resolve_dtype(dtype)
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     *,

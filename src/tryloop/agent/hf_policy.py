@@ -21,9 +21,11 @@ from tryloop.errors import TryloopError
 
 
 class HFSession:
-    def __init__(self, policy: HFPolicy, system: str, instruction: str, seed: int):
+    def __init__(self, policy: HFPolicy, system: str, instruction: str, seed: int,
+                 stop_strings: tuple[str, ...] = ()):
         self.p = policy
         self.seed = seed
+        self.stop_strings = stop_strings
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                                {"role": "user", "content": instruction}]
         self.tokens = TokenLog(source="exact")
@@ -43,7 +45,7 @@ class HFSession:
         try:
             sample = await self.p.engine.generate(
                 self.tokens.ids, max_new_tokens=min(self.p.max_new_tokens, room), temperature=self.p.temperature,
-                top_p=self.p.top_p, seed=self.seed * 7919 + self._turn)
+                top_p=self.p.top_p, seed=self.seed * 7919 + self._turn, stop_strings=self.stop_strings)
         except TryloopError as e:
             raise PolicyError(f"generation failed: {e}") from e
         self._turn += 1
@@ -63,14 +65,19 @@ class HFPolicy:
     """`HFPolicy.load("smollm2-135m")`; the engine batches the turns of all open sessions."""
 
     def __init__(self, loaded: Any, *, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 384,
-                 max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None):
+                 max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None,
+                 dtype: str | Any = "float32"):
+        """`dtype`: the engine's ("float32" | "bfloat16" | "auto", see PolicyConfig.dtype); the
+        engine casts `loaded.model` to it in place (it owns the model)."""
         from tryloop.agent.engine import Engine
+        from tryloop.agent.hf import resolve_engine_dtype
 
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.chat = ChatTokenizer(loaded.tokenizer)
         self.engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
-                             weights_version=loaded.weights_version, num_threads=num_threads)
+                             weights_version=loaded.weights_version, num_threads=num_threads,
+                             dtype=resolve_engine_dtype(dtype, loaded.device))
         self.name = loaded.name
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens = max_new_tokens
@@ -87,7 +94,11 @@ class HFPolicy:
         return cls(load_model(name, device=device), **kw)
 
     def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> HFSession:
-        return HFSession(self, system, instruction, seed)
+        # A function-level task's answer is one code block: generation stops at the block's closing
+        # fence (an opening fence names its language, so "\n```\n" closes a block). What follows a
+        # finished answer is never read, and sampling it would cost most of a turn.
+        answer = task is not None and getattr(task.meta, "answer_file", None)
+        return HFSession(self, system, instruction, seed, stop_strings=("\n```\n",) if answer else ())
 
     def close(self) -> None:
         self.engine.close()

@@ -1,16 +1,34 @@
-"""Drawing one token from a model's logits, with the log-probabilities a trainer needs.
+"""Drawing tokens from a model's logits, with the log-probabilities a trainer needs.
 
-`sample_token` returns two log-probabilities for the token it draws:
+`sample_batch` draws one token per row of a [batch, vocab] logits tensor (each
+row with its own `SamplingParams` and its own seeded generator); `sample_token`
+is the same for one row. Each token comes with two log-probabilities:
 
 - the sampling one: under the distribution actually drawn from, softmax(logits /
   temperature) restricted to the top-p nucleus and renormalized (0.0 for greedy,
   a point mass);
 - the policy one: log softmax(logits) at temperature 1 over the whole vocabulary,
   what a trainer recomputes from the same weights.
+
+How a row draws. The vocabulary-wide work (log_softmax, temperature, nucleus,
+exp, cumulative sum) is done for all rows at once; the only per-row work is one
+uniform number u from the row's own generator, and the token is the inverse of
+the row's cumulative distribution at u (a binary search, also batched). So a
+row's token depends only on its logits, its parameters and its generator —
+never on which other rows share the batch — and a seeded request is
+reproducible. (The previous sampler called `torch.multinomial` per row, which
+draws one exponential per vocabulary entry: ~1 ms a row for 49k tokens on this
+CPU, against ~2 ms for a whole batch of 16 here. The same seed gives different
+tokens from that older sampler, but always the same tokens from this one.)
+
+The cumulative sum is in float64 and u has 53 bits, so every token with
+probability above ~1e-15 is drawn with its own probability, and a token outside
+the nucleus (probability exactly 0) can never be drawn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,22 +55,70 @@ class SamplingParams:
 def sample_token(logits: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator) -> tuple[int, float, float]:
     """Draw one token from float32 `logits` [vocab]: (token, sampling logprob, policy logprob)."""
+    return sample_batch(logits[None, :], [params], [generator])[0]
+
+
+def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
+                 generators: Sequence[torch.Generator]) -> list[tuple[int, float, float]]:
+    """Draw one token per row of float32 `logits` [batch, vocab], row i with `params[i]` and
+    `generators[i]`: [(token, sampling logprob, policy logprob)] in row order."""
+    n = logits.shape[0]
+    if not (n == len(params) == len(generators)):
+        raise ValueError(f"{n} rows of logits, {len(params)} params, {len(generators)} generators")
+    device = logits.device
     policy = torch.log_softmax(logits, dim=-1)
-    if params.temperature == 0:
-        token = int(torch.argmax(logits))
-        return token, 0.0, float(policy[token])
-    logp = policy if params.temperature == 1 else torch.log_softmax(logits / params.temperature, -1)
-    if params.top_p < 1:
-        logp = _nucleus(logp, params.top_p)
-    token = int(torch.multinomial(logp.exp(), 1, generator=generator))
-    return token, float(logp[token]), float(policy[token])
+    tokens = torch.empty(n, dtype=torch.long, device=device)
+    sample_lp = torch.zeros(n, dtype=policy.dtype, device=device)
+
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    drawn = [i for i, p in enumerate(params) if p.temperature != 0]
+    if greedy:
+        g = torch.tensor(greedy, device=device) if len(greedy) < n else None
+        tokens[g if g is not None else slice(None)] = torch.argmax(
+            logits if g is None else logits[g], dim=-1)
+    if drawn:
+        d = torch.tensor(drawn, device=device) if len(drawn) < n else None
+        rows = [params[i] for i in drawn]
+        # Each row's path depends only on its own parameters, so its numbers do not depend on
+        # its neighbours: T=1 rows read the policy as is, only top_p < 1 rows are renormalized.
+        logp = policy if d is None else policy[d]
+        hot = [j for j, p in enumerate(rows) if p.temperature != 1]
+        if hot:
+            logp = logp.clone() if logp is policy else logp
+            temps = torch.tensor([rows[j].temperature for j in hot], dtype=logits.dtype, device=device)
+            src = torch.tensor([drawn[j] for j in hot], device=device)
+            logp[torch.tensor(hot, device=device)] = torch.log_softmax(logits[src] / temps[:, None], dim=-1)
+        nucleus = [j for j, p in enumerate(rows) if p.top_p < 1]
+        if nucleus:
+            logp = logp.clone() if logp is policy else logp
+            top_p = torch.tensor([rows[j].top_p for j in nucleus], dtype=logp.dtype, device=device)
+            at = torch.tensor(nucleus, device=device)
+            logp[at] = _nucleus(logp[at], top_p)
+        cdf = torch.cumsum(logp.exp(), dim=-1, dtype=torch.float64)
+        total = cdf[:, -1:]
+        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=generators[i], device=device)
+                       for i in drawn])[:, None]
+        # Strictly below the total, so the search lands on a token of positive probability.
+        x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        picked = torch.searchsorted(cdf, x, right=True).clamp_(max=logits.shape[-1] - 1)
+        if d is None:
+            tokens = picked[:, 0]
+            sample_lp = logp.gather(1, picked)[:, 0]
+        else:
+            tokens[d] = picked[:, 0]
+            sample_lp[d] = logp.gather(1, picked)[:, 0]
+    policy_lp = policy.gather(1, tokens[:, None])[:, 0]
+    return list(zip(tokens.tolist(), sample_lp.tolist(), policy_lp.tolist(), strict=True))
 
 
-def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalize."""
-    sorted_logp, order = torch.sort(logp, descending=True)
-    mass_before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
-    drop = order[mass_before >= top_p]            # the most likely token is always kept
-    kept = logp.clone()
-    kept[drop] = float("-inf")
-    return kept - torch.logsumexp(kept, dim=-1)
+def _nucleus(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, keep the smallest set of most likely tokens whose mass reaches top_p; renormalize.
+
+    `logp` [rows, vocab], `top_p` [rows]."""
+    sorted_logp, order = torch.sort(logp, dim=-1, descending=True, stable=True)
+    p_sorted = sorted_logp.exp()
+    mass_before = torch.cumsum(p_sorted, dim=-1) - p_sorted
+    drop_sorted = mass_before >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)   # the top token is always kept
+    kept = logp.masked_fill(drop, float("-inf"))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)

@@ -94,3 +94,22 @@ def scheduler_bench(
     console.print(t)
     if out:
         out.write_text(json.dumps(res, indent=1, default=str))
+
+
+@app.command("generation")
+def generation_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="16-32 new tokens, the auto dtype only (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="also print the wall-time split of a train run's steps (DIR/metrics.jsonl)")] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        "--dtype", help="float32 / bfloat16 (repeatable; default: both where bf16 is fast)")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="comma-separated levels")] = "1,8,16,32",
+    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's)")] = None,
+) -> None:
+    """Local engine tokens/s at 1-32 concurrent sequences vs HF generate and a FLOP floor."""
+    from tryloop.bench.generation import run
+
+    levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    run_cli(run, quick=quick, dtypes=tuple(dtype) if dtype else None, concurrency=levels, threads=threads,
+            run_dir=run_dir, out=out, console=console)
