@@ -164,3 +164,26 @@ def test_default_flag_policy_zeroes_hacks():
                              TrainConfig(estimator="dr_grpo"))
     assert out.rewards == [0.0, 1.0]
     assert out.values == approx([-0.5, 0.5])
+
+
+def test_std_floor_keeps_a_shaping_only_spread_small():
+    shaping = [0.1, 0.0, 0.0, 0.0]                   # nothing passes, one answer compiles
+    plain = grpo(shaping)
+    floored = grpo(shaping, std_floor=0.3)
+    assert float(plain.max()) == pytest.approx(math.sqrt(3), rel=1e-4)   # blown up like a real split
+    assert float(floored.max()) == pytest.approx(0.075 / 0.3, rel=1e-4)
+    real = [1.0, 0.0, 0.0, 0.0]                      # a real pass/fail split (std 0.433) is untouched
+    assert torch.allclose(grpo(real, std_floor=0.3), grpo(real))
+    eps = [ep(0.1), ep(0.0, verdict="fail"), ep(0.0, verdict="fail"), ep(0.0, verdict="fail")]
+    adv = compute_advantages(eps, TrainConfig(adv_std_floor=0.3))
+    assert adv.values[0] == pytest.approx(0.25, rel=1e-4)
+
+
+def test_shuffled_rewards_keep_the_group_statistics_but_not_the_assignment():
+    groups = [[ep(float(i == j), group=f"g{j}") for i in range(6)] for j in range(6)]
+    eps = [e for g in groups for e in g]
+    honest = compute_advantages(eps, TrainConfig())
+    control = compute_advantages(eps, TrainConfig(shuffle_rewards=True))
+    assert sorted(v for v in honest.values) == pytest.approx(sorted(v for v in control.values))
+    assert honest.values != control.values           # some passing answer lost its positive advantage
+    assert control.values == compute_advantages(eps, TrainConfig(shuffle_rewards=True)).values  # seeded

@@ -224,3 +224,35 @@ def test_checkpoint_round_trip(model, lora):
     b.step(trajs, adv)  # same Adam moments -> same second step
     wa, wb = weights(a.model), weights(b.model)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_selected_logprobs_match_the_full_log_softmax_and_its_gradient(model):
+    from tryloop.train import update
+
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 7, 32, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (2, 7))
+    select = torch.rand(2, 7) > 0.4
+    head = model.get_output_embeddings()
+    full = token_logprobs(head(hidden), targets, 0.7) * select
+    old_chunk = update.LOGIT_CHUNK
+    update.LOGIT_CHUNK = 3          # several chunks, each recomputed in the backward pass
+    try:
+        part = update.selected_logprobs(hidden, head, targets, select, 0.7)
+    finally:
+        update.LOGIT_CHUNK = old_chunk
+    assert torch.allclose(part, full, atol=1e-6)
+    (g_full,) = torch.autograd.grad(full.sum(), hidden)
+    (g_part,) = torch.autograd.grad(part.sum(), hidden)
+    assert torch.allclose(g_part, g_full, atol=1e-6)
+
+
+def test_bf16_autocast_step_keeps_float32_weights_and_a_unit_first_ratio(model):
+    trajs = episodes(model, 4)
+    learner = Learner(copy.deepcopy(model), TrainConfig(lr=1e-3, amp="bf16", old_logprobs="recompute"))
+    assert learner.amp
+    out = learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    assert out["optimizer_steps"] == 1 and out["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert all(p.dtype == torch.float32 for p in learner.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(weights(model).values(),
+                                                        weights(learner.model).values(), strict=True))

@@ -39,6 +39,7 @@ def write_config(root: Path, name: str = "config.yaml", **train) -> Path:
         "rewards": {"spec": SPEC, "gate_dir": str(root / "gate"), "gold_path": str(root / "gold.jsonl")},
         "store": {"trajectories_url": str(root / "traj"), "runs_dir": str(root / "runs")},
         "train": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "concurrency": 1, "eval_tasks": 0,
+                  "source": "humaneval", "zone": False, "check_source": None, "refill_groups": 0,
                   "eval_at_start": False, "policy": {"temperature": 1.0, "max_batch": 4},
                   "algo": {"lr": 1e-5, "micro_batch": 2},
                   "limits": {"max_turns": 1, "max_new_tokens": 160, "max_total_tokens": 160,
@@ -163,3 +164,53 @@ def test_resume_after_sigkill_continues_like_an_uninterrupted_run(train_root, tm
     mb = [json.loads(x) for x in (train_root / "runs" / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in mb] == [0, 1, 2]
     assert [m.get("learn_loss") for m in ma] == [m.get("learn_loss") for m in mb]   # None: no group had signal
+
+
+@pytest.fixture(scope="module")
+def fn_root(train_root):
+    """The same store and gate, plus a few synthesized function tasks."""
+    from tryloop.tasks.factory import build_functions
+
+    cfg = load_yaml(write_config(train_root))
+    asyncio.run(build_functions(SandboxRuntime(cfg.runtime), TaskStore(cfg.tasks.store_url), train_root / "work",
+                                gate=GateConfig(k=1), eval_fraction=0.5, per_family=1,
+                                families=["add-constant", "upper-case", "sum-list", "max-of-two"]))
+    return train_root
+
+
+def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_set(fn_root):
+    from tryloop.train.run import train
+
+    cfg = load_yaml(write_config(fn_root, run_id="zone", source="functions", zone=True, zone_k=1, zone_lo=0.0,
+                                 zone_hi=1.0, steps=1, eval_tasks=1, eval_at_start=True, eval_k=1,
+                                 check_source="humaneval", check_tasks=1))
+    events: list[str] = []
+    res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: events.append(e)))
+    assert events.index("zone_done") < events.index("rollout")
+    zone = json.loads((res.run_dir / "zone.json").read_text())
+    assert zone["train"] >= 1 and sum(r["measured"] for r in zone["rows"]) == 4
+    assert {r["group"] for r in zone["rows"]} <= {"tier 1", "tier 2", "tier 3"}
+    names = [(e["step"], e["name"]) for e in res.evals]
+    assert names == [(-1, "held-out"), (-1, "humaneval"), (0, "held-out"), (0, "humaneval")]
+    assert all(sum(n for _, n in e["tasks"].values()) == e["episodes"] for e in res.evals)
+    m = res.metrics[0]
+    assert {"groups_mixed", "refills", "reward_lo", "pass_lo", "time_step_s", "peak_rss_mb"} <= set(m)
+    # A second run of the same weights reuses the measurement: no zone episode runs again.
+    again: list[str] = []
+    asyncio.run(train(cfg, cfg.train.model_copy(update={"run_id": "zone2", "eval_at_start": False,
+                                                         "check_source": None}),
+                      hook=lambda e, d: again.append(e)))
+    assert "zone_episode" not in again
+
+
+def test_no_task_in_the_zone_is_a_clear_error(fn_root):
+    from tryloop.errors import TryloopError
+    from tryloop.train.run import train
+
+    # With one sample per task a pass rate is 0 or 1: a band around 0.5 holds nothing.
+    cfg = load_yaml(write_config(fn_root, run_id="nozone", source="functions", zone=True, zone_k=1, zone_lo=0.4,
+                                 zone_hi=0.6, check_source=None))
+    with pytest.raises(TryloopError, match="no task is in the learning zone") as e:
+        asyncio.run(train(cfg, cfg.train))
+    n_train = len(TaskStore(cfg.tasks.store_url).query(split="train", source="functions"))
+    assert f"measured {n_train} of {n_train} tasks" in str(e.value) and "train.zone_k" in str(e.value)

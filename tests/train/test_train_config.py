@@ -35,3 +35,20 @@ def test_from_mapping():
     assert c.mask_terminations == frozenset({"error"}) and c.lora_targets == ("q_proj",)
     with pytest.raises(ConfigError, match="aggregation"):
         parse(TrainConfig, {"aggregation": "sum"})
+
+
+def test_train_run_refuses_an_update_that_does_not_match_the_sampler():
+    from tryloop.train.run_config import TrainRunConfig
+
+    with pytest.raises(ValidationError, match="old_logprobs 'sampler'"):
+        TrainRunConfig.model_validate({"policy": {"temperature": 0.7},
+                                       "algo": {"old_logprobs": "sampler", "temperature": 0.7}})
+    with pytest.raises(ValidationError, match="must equal train.policy.temperature"):
+        TrainRunConfig.model_validate({"policy": {"temperature": 0.7}, "algo": {"old_logprobs": "recompute"}})
+    with pytest.raises(ValidationError, match="top_p"):
+        TrainRunConfig.model_validate({"policy": {"top_p": 0.9}, "algo": {"old_logprobs": "recompute"}})
+    ok = TrainRunConfig.model_validate({"policy": {"temperature": 0.7},
+                                        "algo": {"old_logprobs": "recompute", "temperature": 0.7}})
+    assert ok.algo.temperature == 0.7
+    d = TrainRunConfig()
+    assert d.algo.old_logprobs == "recompute" and d.algo.amp == "auto" and d.zone and d.source == "functions"

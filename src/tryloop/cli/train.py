@@ -1,4 +1,5 @@
-"""`tryloop train`: the RL loop on embedded defaults (CPU, SmolLM2-135M, HumanEval tasks, local sandboxes)."""
+"""`tryloop train`: the RL loop on embedded defaults (CPU, SmolLM2-135M, the function tasks in its learning
+zone, HumanEval as the regression check, local sandboxes)."""
 
 from __future__ import annotations
 
@@ -14,29 +15,33 @@ from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 
 
 def ensure_suite(cfg) -> None:
-    """Build the train tasks the run needs if the store has none (HumanEval: gated once, K=1)."""
+    """Build the tasks the run needs if the store has none: the synthesized function tasks (the
+    default train source) and HumanEval (the default check set), each gated once with K=1."""
     from tryloop.errors import TryloopError
     from tryloop.sandbox import SandboxRuntime
-    from tryloop.tasks.factory import build_humaneval
+    from tryloop.tasks.factory import build_functions, build_humaneval
     from tryloop.tasks.gate import GateConfig
     from tryloop.tasks.store import TaskStore
 
+    builders = {"functions": build_functions, "humaneval": build_humaneval}
     store = TaskStore(cfg.tasks.store_url)
-    source = cfg.train.source
-    if store.query(split="train", source=source):
-        return
-    if source != "humaneval":
-        raise TryloopError(f"no train tasks{f' of source {source}' if source else ''} in {cfg.tasks.store_url}: "
-                           "build them with `tryloop tasks build-default`")
-    cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
-    with Progress(TextColumn("building the HumanEval tasks (gated)"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
-        bar = prog.add_task("", total=164, last="")
-        report = asyncio.run(build_humaneval(
-            SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir, gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
-            eval_fraction=cfg.tasks.eval_fraction, seed=cfg.tasks.seed,
-            progress=lambda tid, _: prog.update(bar, advance=1, last=tid)))
-    console.print(f"task store: {report.total_kept} HumanEval tasks kept, {report.total_rejected} rejected")
+    needed = [(cfg.train.source, "train")] + ([(cfg.train.check_source, "eval")] if cfg.train.check_source else [])
+    for source, split in needed:
+        if store.query(split=split, source=source):
+            continue
+        if source not in builders:
+            raise TryloopError(f"no {split} tasks{f' of source {source}' if source else ''} in "
+                               f"{cfg.tasks.store_url}: build them with `tryloop tasks build-default`")
+        cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
+        with Progress(TextColumn(f"building the {source} tasks (gated)"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
+            bar = prog.add_task("", total=None, last="")
+            report = asyncio.run(builders[source](
+                SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir,
+                gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
+                eval_fraction=cfg.tasks.eval_fraction, seed=cfg.tasks.seed,
+                progress=lambda tid, _, bar=bar, prog=prog: prog.update(bar, advance=1, last=tid)))
+        console.print(f"task store: {report.total_kept} {source} tasks kept, {report.total_rejected} rejected")
 
 
 def ensure_gate(cfg) -> None:
@@ -61,19 +66,32 @@ def ensure_gate(cfg) -> None:
 
 def _summary(rows: list[dict], evals: list[dict], status: str) -> Table:
     t = Table(title=f"training — {status}")
-    for col in ("step", "episodes", "reward", "pass", "held-out pass@1", "loss", "gen s", "env s", "verify s", "update s"):
+    for col in ("step", "episodes", "mixed", "refills", "reward", "pass", "held-out pass@1", "loss", "rollout s",
+                "update s"):
         t.add_column(col, justify="right")
-    ev = {e["step"]: e for e in evals}
+    ev = {e["step"]: e for e in evals if e.get("name", "held-out") == "held-out"}
     if -1 in ev:
         e = ev[-1]
-        t.add_row("start", "", "", "", f"{e['pass_at_1']:.1%}" if e["pass_at_1"] is not None else "-", "", "", "", "", "")
+        t.add_row("start", "", "", "", "", "", f"{e['pass_at_1']:.1%}" if e["pass_at_1"] is not None else "-", "",
+                  "", "")
     for m in rows[-12:]:
         e = ev.get(m["step"])
         f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-        t.add_row(str(m["step"]), str(m["episodes"]), f(m["reward_mean"]), f(m["pass_rate"]),
+        t.add_row(str(m["step"]), str(m["episodes"]), f"{m.get('groups_mixed', '-')}/{m['groups']}",
+                  str(m.get("refills", "-")), f(m["reward_mean"]), f(m["pass_rate"]),
                   f"{e['pass_at_1']:.1%} [{e['lo']:.0%},{e['hi']:.0%}]" if e and e["pass_at_1"] is not None else "",
-                  f(m.get("learn_loss")), f"{m['time_generation_s']:.0f}", f"{m['time_environment_s']:.0f}",
-                  f"{m['time_verification_s']:.0f}", f"{m['time_update_s']:.0f}")
+                  f(m.get("learn_loss")), f"{m.get('time_rollout_wall_s', 0):.0f}", f"{m['time_update_s']:.0f}")
+    return t
+
+
+def _zone_table(rows: list[dict], n_train: int, n_eval: int) -> Table:
+    t = Table(title=f"learning zone: {n_train} train / {n_eval} held-out tasks")
+    for col in ("group", "split", "tasks", "mean pass rate", "never", "always", "in zone"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["group"], r["split"], str(r["tasks"]),
+                  "-" if r["mean_rate"] is None else f"{r['mean_rate']:.0%}", str(r["never"]), str(r["always"]),
+                  str(r["in_zone"]))
     return t
 
 
@@ -96,7 +114,15 @@ def _run(cfg, resume: bool) -> None:
 
     with Live(render(), console=console, refresh_per_second=4) as live:
         def hook(event: str, data: dict) -> None:
-            if event == "rollout":
+            if event == "zone":
+                prog.reset(bar, total=data["total"] * tc.zone_k, completed=0,
+                           description="measuring the learning zone", last="")
+            elif event == "zone_episode":
+                t = data["trajectory"]
+                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
+            elif event == "zone_done":
+                live.console.print(_zone_table(data["rows"], data["train"], data["eval"]))
+            elif event == "rollout":
                 prog.reset(bar, total=data["total"], completed=data["done"],
                            description=f"step {data['step']} rollouts", last="")
             elif event == "episode":
@@ -130,6 +156,9 @@ def train_cmd(
     estimator: Annotated[str | None, typer.Option("--estimator", help="train.algo.estimator: grpo | dr_grpo | rloo")] = None,
     eval_every: Annotated[int | None, typer.Option("--eval-every", help="train.eval_every")] = None,
     eval_tasks: Annotated[int | None, typer.Option("--eval-tasks", help="train.eval_tasks")] = None,
+    zone: Annotated[bool | None, typer.Option("--zone/--no-zone", help="train.zone")] = None,
+    refill_groups: Annotated[int | None, typer.Option("--refill-groups", help="train.refill_groups")] = None,
+    check_source: Annotated[str | None, typer.Option("--check-source", help="train.check_source")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="train.seed")] = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -138,5 +167,6 @@ def train_cmd(
         "train.run_id": run_id, "train.steps": steps, "train.tasks_per_step": tasks_per_step,
         "train.group_size": group_size, "train.source": source, "train.policy.name": model,
         "train.algo.lr": lr, "train.algo.lora": lora, "train.algo.estimator": estimator,
-        "train.eval_every": eval_every, "train.eval_tasks": eval_tasks, "train.seed": seed})
+        "train.eval_every": eval_every, "train.eval_tasks": eval_tasks, "train.seed": seed,
+        "train.zone": zone, "train.refill_groups": refill_groups, "train.check_source": check_source})
     run_cli(_run, cfg, resume)

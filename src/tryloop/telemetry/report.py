@@ -28,6 +28,7 @@ from rich.text import Text as RichText
 
 Cell = str | int | float | bool | None
 Point = tuple[float, float | None]
+BandPoint = tuple[float, float | None, float | None]   # (x, lo, hi); a None breaks the band
 
 # Colour-blind-safe (Okabe-Ito, reordered so the first few contrast on white).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -69,6 +70,9 @@ class LineChart:
     y_label: str = ""
     y_range: tuple[float, float] | None = None
     caption: str = ""
+    # Interval bands, keyed by the name of the series they belong to (drawn shaded in its colour).
+    bands: dict[str, list[BandPoint]] = field(default_factory=dict)
+    dashed: frozenset[str] = frozenset()   # names of series drawn dashed (fits, references)
 
 
 @dataclass
@@ -118,9 +122,12 @@ class Report:
 
     def add_line_chart(self, title: str, series: Mapping[str, Iterable[Point] | Iterable[float | None]], *,
                        x_label: str = "step", y_label: str = "", y_range: tuple[float, float] | None = None,
-                       caption: str = "") -> Report:
+                       caption: str = "", bands: Mapping[str, Iterable[BandPoint]] | None = None,
+                       dashed: Iterable[str] = ()) -> Report:
         """Curves over a shared x axis. Each series is (x, y) points, or plain y values
-        (x = 0, 1, 2...). A y of None leaves a gap."""
+        (x = 0, 1, 2...). A y of None leaves a gap. `bands` shades an interval around
+        a series: {series name: [(x, lo, hi), ...]} (a lone point gets an error bar; a
+        None bound leaves a gap). Series named in `dashed` are drawn dashed."""
         out = []
         for name, pts in series.items():
             points: list[Point] = []
@@ -128,7 +135,15 @@ class Report:
                 x, y = (p[0], p[1]) if isinstance(p, tuple | list) else (i, p)
                 points.append((float(x), None if y is None or _bad(y) else float(y)))
             out.append(Series(name, points))
-        self.sections.append(LineChart(title, out, x_label, y_label, y_range, caption))
+        names = {s.name for s in out}
+        band_pts: dict[str, list[BandPoint]] = {}
+        for name, pts in (bands or {}).items():
+            if name not in names:
+                raise ValueError(f"chart {title!r}: band for unknown series {name!r}")
+            band_pts[name] = [(float(x), None if lo is None or _bad(lo) else float(lo),
+                               None if hi is None or _bad(hi) else float(hi)) for x, lo, hi in pts]
+        self.sections.append(LineChart(title, out, x_label, y_label, y_range, caption, band_pts,
+                                       frozenset(dashed)))
         return self
 
     def add_bars(self, title: str, values: Mapping[str, float] | Iterable[tuple[str, float]], *, unit: str = "",
@@ -318,6 +333,8 @@ def _line_svg(c: LineChart) -> str:
     pts = [(x, y) for s in c.series for x, y in s.points if y is not None]
     if not pts:
         return _empty(c.title)
+    pts += [(x, v) for band in c.bands.values() for x, lo, hi in band if lo is not None and hi is not None
+            for v in (lo, hi)]
     left, right = 64, 20
     legend, legend_h = _legend([s.name for s in c.series], left, 16, _W - left - right)
     top, plot_h = 16 + legend_h + 8, 230
@@ -361,9 +378,32 @@ def _line_svg(c: LineChart) -> str:
     if c.y_label:
         parts.append(f'<text transform="translate(14 {top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle" '
                      f'font-size="12" fill="#374151">{_e(c.y_label)}</text>')
+    colors = {s.name: PALETTE[i % len(PALETTE)] for i, s in enumerate(c.series)}
+    for name, band in c.bands.items():     # under the lines
+        color = colors[name]
+        spans: list[list[tuple[float, float, float]]] = [[]]
+        for x, lo, hi in sorted(band, key=lambda p: p[0]):
+            if lo is None or hi is None:
+                spans.append([])
+            else:
+                spans[-1].append((x, min(lo, hi), max(lo, hi)))
+        for span in spans:
+            tip = "".join(f"{fmt(x)}: [{fmt(lo)}, {fmt(hi)}]\n" for x, lo, hi in span).strip()
+            if len(span) > 1:
+                edge = [f"{px(x):.1f},{py(hi):.1f}" for x, _, hi in span]
+                edge += [f"{px(x):.1f},{py(lo):.1f}" for x, lo, _ in reversed(span)]
+                parts.append(f'<polygon points="{" ".join(edge)}" fill="{color}" fill-opacity="0.16" '
+                             f'stroke="{color}" stroke-opacity="0.35" stroke-width="0.75">'
+                             f'<title>{_e(name)} interval\n{_e(tip)}</title></polygon>')
+            elif span:
+                x, lo, hi = span[0]
+                parts.append(f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{py(lo):.1f}" y2="{py(hi):.1f}" '
+                             f'stroke="{color}" stroke-opacity="0.6" stroke-width="2">'
+                             f'<title>{_e(name)} interval {_e(tip)}</title></line>')
     dense = sum(len(s.points) for s in c.series) > 120
     for i, s in enumerate(c.series):
         color = PALETTE[i % len(PALETTE)]
+        dash = ' stroke-dasharray="6 4"' if s.name in c.dashed else ""
         runs: list[list[tuple[float, float]]] = [[]]
         for x, y in sorted(s.points, key=lambda p: p[0]):
             if y is None:
@@ -374,7 +414,9 @@ def _line_svg(c: LineChart) -> str:
             if len(run) > 1:
                 coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
                 parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2" '
-                             'stroke-linejoin="round" stroke-linecap="round"/>')
+                             f'stroke-linejoin="round" stroke-linecap="round"{dash}/>')
+            if dash and len(run) > 1:
+                continue   # a fit or reference line: no markers
             for x, y in run:
                 # Isolated points need a marker to be seen at all; dense curves only get hover targets.
                 r = 2.5 if not dense or len(run) == 1 else 1.5

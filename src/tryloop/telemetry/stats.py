@@ -13,6 +13,8 @@ a report over a sparse run still renders; invalid arguments raise.
   stays inside [0, 1] and behaves at 0 and n successes, unlike the normal one.
 - a mean: Student-t interval (small n matters: eval seeds are few).
 - percentiles: linear interpolation between order statistics (NumPy's default).
+- a trend: least-squares slope with a Student-t interval (n - 2 degrees of freedom).
+- before/after over tasks: exact two-sided sign test on the per-task changes.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class Judged(Protocol):
 
 def pass_counts(episodes: Iterable[Judged]) -> dict[str, tuple[int, int]]:
     """(n, c) per task from judged episodes. no_verdict (and unjudged) episodes are
-    left out: they are not evidence either way (DESIGN.md, invariant 4)."""
+    left out: they are not evidence either way (docs/architecture.md, invariant 4)."""
     out: dict[str, tuple[int, int]] = {}
     for e in episodes:
         if e.verdict not in ("pass", "fail"):
@@ -248,3 +250,81 @@ def percentile(values: Sequence[float], q: float) -> float:
 def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> dict[float, float]:
     xs = sorted(values)
     return {q: percentile(xs, q) for q in qs}
+
+
+# ---- trends and paired comparisons --------------------------------------------------
+
+def slope_ci(xs: Sequence[float], ys: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """Ordinary least-squares slope of ys on xs with a Student-t interval:
+    b = Sxy / Sxx, se(b) = sqrt(SSE / (n - 2) / Sxx), b +- t(1 - a/2, n - 2) se(b).
+    Pairs with a None or non-finite member are left out. NaN slope with fewer than
+    2 points or all xs equal; NaN bounds with fewer than 3 points."""
+    _check_confidence(confidence)
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys differ in length: {len(xs)} != {len(ys)}")
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True)
+           if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    n = len(pts)
+    if n < 2:
+        return Estimate(NAN, NAN, NAN, n, confidence)
+    mx, my = fmean(p[0] for p in pts), fmean(p[1] for p in pts)
+    sxx = math.fsum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return Estimate(NAN, NAN, NAN, n, confidence)
+    b = math.fsum((x - mx) * (y - my) for x, y in pts) / sxx
+    if n < 3:
+        return Estimate(b, NAN, NAN, n, confidence)
+    a = my - b * mx
+    sse = math.fsum((y - a - b * x) ** 2 for x, y in pts)
+    half = t_quantile(1 - (1 - confidence) / 2, n - 2) * math.sqrt(sse / (n - 2) / sxx)
+    return Estimate(b, b - half, b + half, n, confidence)
+
+
+@dataclass(frozen=True)
+class SignTest:
+    wins: int          # tasks whose value rose from before to after
+    losses: int        # tasks whose value fell
+    ties: int          # tasks whose value did not change
+    p_value: float     # exact two-sided; 1.0 when nothing changed
+
+
+def _task_value(v: float | Sequence[int]) -> float:
+    """A per-task value: a number, or (passes, attempts) as the pass fraction."""
+    if isinstance(v, int | float):
+        return float(v)
+    passes, attempts = v
+    if attempts <= 0:
+        return NAN
+    return passes / attempts
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact two-sided sign test: 2 P(X <= min(wins, losses)), X ~ Binomial(wins + losses, 1/2),
+    capped at 1 (ties are left out before calling)."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"need wins, losses >= 0, got {wins}, {losses}")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired_sign_test(before: Mapping[str, float | Sequence[int]],
+                     after: Mapping[str, float | Sequence[int]]) -> SignTest:
+    """Paired sign test over the tasks in both mappings. A value is a number (e.g. a
+    pass fraction) or a (passes, attempts) pair, compared as a fraction: a task is a
+    win if it rose, a loss if it fell, a tie if equal. Tasks in only one mapping, or
+    without attempts, are left out."""
+    wins = losses = ties = 0
+    for task in sorted(before.keys() & after.keys()):
+        b, a = _task_value(before[task]), _task_value(after[task])
+        if math.isnan(b) or math.isnan(a):
+            continue
+        if a > b:
+            wins += 1
+        elif a < b:
+            losses += 1
+        else:
+            ties += 1
+    return SignTest(wins, losses, ties, sign_test_p(wins, losses))

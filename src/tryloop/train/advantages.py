@@ -6,7 +6,7 @@ is judged:
 
 - masked: it ended cut off (time-out, error, full context), has no verdict, or
   has no token-exact record. It is left out of the group statistics AND the
-  loss: a missing answer is not a wrong answer (DESIGN.md, invariant 4).
+  loss: a missing answer is not a wrong answer (docs/architecture.md, invariant 4).
 - flagged: each reward-hack flag maps, by kind or else by severity, to an
   action; the most severe action of an episode wins:
   record < penalize (reward - penalty) < zero (reward = 0) < mask.
@@ -18,6 +18,7 @@ is judged:
 from __future__ import annotations
 
 import functools
+import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,10 +41,11 @@ def _rewards(r: Rewards) -> torch.Tensor:
     return t if t.is_floating_point() else t.to(torch.float32)
 
 
-def grpo(rewards: Rewards, eps: float = 1e-6) -> torch.Tensor:
-    """(r - mean) / (std + eps). Population std: the group is all we have, not a sample of it."""
+def grpo(rewards: Rewards, eps: float = 1e-6, std_floor: float = 0.0) -> torch.Tensor:
+    """(r - mean) / (max(std, std_floor) + eps). Population std: the group is all we have, not a
+    sample of it. The floor keeps a spread made only of small shaping terms small."""
     r = _rewards(rewards)
-    return (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return (r - r.mean()) / (r.std(unbiased=False).clamp(min=std_floor) + eps)
 
 
 def dr_grpo(rewards: Rewards) -> torch.Tensor:
@@ -64,12 +66,12 @@ def rloo(rewards: Rewards) -> torch.Tensor:
 ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
 
 
-def get_estimator(name: str, eps: float = 1e-6) -> Estimator:
+def get_estimator(name: str, eps: float = 1e-6, std_floor: float = 0.0) -> Estimator:
     try:
         fn = ESTIMATORS[name]
     except KeyError:
         raise ValueError(f"unknown estimator {name!r}; known: {sorted(ESTIMATORS)}") from None
-    return functools.partial(fn, eps=eps) if fn is grpo else fn
+    return functools.partial(fn, eps=eps, std_floor=std_floor) if fn is grpo else fn
 
 
 def informative(rewards: Sequence[float]) -> bool:
@@ -118,6 +120,7 @@ class AdvantageReport:
     groups: int = 0
     dropped_groups: int = 0             # all rewards equal: no signal
     dropped_episodes: int = 0           # unmasked episodes of dropped groups
+    dropped_keys: list[str] = field(default_factory=list)
     mask_reasons: Counter[str] = field(default_factory=Counter)
     flag_actions: Counter[str] = field(default_factory=Counter)  # action -> episodes
 
@@ -141,7 +144,7 @@ class Advantages:
 def compute_advantages(trajectories: Sequence[Trajectory],
                        config: TrainConfig | None = None) -> Advantages:
     cfg = config or TrainConfig()
-    estimator = get_estimator(cfg.estimator, cfg.adv_eps)
+    estimator = get_estimator(cfg.estimator, cfg.adv_eps, cfg.adv_std_floor)
     n = len(trajectories)
     report = AdvantageReport(episodes=n)
     rewards: list[float | None] = [None] * n
@@ -168,11 +171,14 @@ def compute_advantages(trajectories: Sequence[Trajectory],
         groups.setdefault(group_key(t), []).append(i)
 
     report.groups = len(groups)
-    for idx in groups.values():
+    for key, idx in groups.items():
         group_rewards = [rewards[i] for i in idx]
+        if cfg.shuffle_rewards:  # seeded by the group, so a resumed run shuffles the same way
+            random.Random(key).shuffle(group_rewards)
         if not informative(group_rewards):  # type: ignore[arg-type]
             report.dropped_groups += 1
             report.dropped_episodes += len(idx)
+            report.dropped_keys.append(key)
             continue
         adv = estimator(torch.tensor(group_rewards, dtype=torch.float64))
         for i, a in zip(idx, adv.tolist(), strict=True):

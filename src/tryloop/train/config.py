@@ -21,6 +21,13 @@ class TrainConfig(_Model):
     estimator: Estimator = Field("grpo", description="group advantage estimator: grpo (mean/std), "
                                  "dr_grpo (mean only), rloo (leave-one-out mean)")
     adv_eps: float = Field(1e-6, gt=0, description="added to the group std before dividing (grpo)")
+    adv_std_floor: float = Field(0.0, ge=0, description="grpo divides by max(std, this): a group whose "
+                                 "rewards differ only by a small shaping term (nothing passes, one answer "
+                                 "compiles) keeps small advantages instead of being blown up to +-1.7 "
+                                 "like a real pass/fail split")
+    shuffle_rewards: bool = Field(False, description="negative control: shuffle the rewards within each "
+                                  "group before the advantages, so the update carries no information about "
+                                  "which answer was right (a run that still improves learned something else)")
     mask_terminations: frozenset[Termination] = Field(
         frozenset({"context_full", "timeout", "error"}),
         description="episodes that ended this way are masked: neither in the group statistics nor "
@@ -49,6 +56,10 @@ class TrainConfig(_Model):
     old_logprobs: Literal["sampler", "recompute"] = Field(
         "sampler", description="sampler: the logprobs recorded at sampling time; recompute: one "
                                "no-grad forward pass of the current weights before the update")
+    amp: Literal["auto", "bf16", "off"] = Field(
+        "off", description="bf16 autocast of the forward/backward passes (weights, optimizer state and "
+                            "the log-softmax stay float32); auto = on where bf16 matmuls are fast (CUDA "
+                            "with bf16, a CPU with AMX/AVX512-BF16)")
     log_entropy: bool = Field(True, description="report the policy entropy (costs a softmax over the vocabulary)")
 
     # Optimizer.

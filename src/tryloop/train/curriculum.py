@@ -5,7 +5,10 @@ always solves or never solves teach nothing. Each task's recent pass rate is
 tracked over a window; a step draws mostly from tasks in the learning zone
 (rate strictly between 0 and 1), then from tasks not yet seen, and a small
 share from the rest so that a task can come back (a policy that improves can
-start solving a task it never did). The state (rates, RNG) is checkpointed.
+start solving a task it never did). A task not yet sampled in this run takes
+its measured pass rate (`prior`, e.g. the learning-zone measurement) as its
+rate, so the first step already draws from the zone. The state (rates, RNG) is
+checkpointed; the prior is measured data the run reads again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class Curriculum:
     window: int = 8
     explore: float = 0.25          # share of a step drawn outside the learning zone
     seed: int = 0
+    prior: dict[str, float] = field(default_factory=dict)   # fingerprint -> measured pass rate
     history: dict[str, deque[int]] = field(default_factory=dict)
     rng: random.Random = field(init=False)
 
@@ -32,7 +36,7 @@ class Curriculum:
 
     def rate(self, fp: str) -> float | None:
         h = self.history.get(fp)
-        return sum(h) / len(h) if h else None
+        return sum(h) / len(h) if h else self.prior.get(fp)
 
     def zone(self) -> tuple[list[str], list[str], list[str]]:
         """(learning zone, unseen, saturated: always 0 or always 1 so far)."""

@@ -1,4 +1,4 @@
-"""The RL loop, top to bottom (DESIGN.md, "The loop"):
+"""The RL loop, top to bottom (docs/architecture.md, "The loop"):
 
     sample tasks (curriculum) -> roll out k episodes per task in sandboxes -> verify
     -> write trajectories (durable) -> advantages -> update -> new weights to the sampler
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from tryloop.agent.environments import Environments
 from tryloop.agent.episode import EpisodeRequest, run_episode
@@ -112,8 +114,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
 def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any], update_s: float,
-                  envs: Environments) -> dict[str, Any]:
+                  envs: Environments, *, refills: int = 0, step_s: float = 0.0) -> dict[str, Any]:
+    from tryloop.telemetry.stats import mean_ci, wilson_interval
+
     judged = [t for t in trajs if t.verdict in ("pass", "fail")]
     verify = sorted(t.times.get("verify", 0.0) for t in trajs)
     flags: dict[str, int] = {}
@@ -121,18 +131,24 @@ def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any]
         for f in t.flags:
             flags[f["kind"]] = flags.get(f["kind"], 0) + 1
     pct = lambda xs, q: xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else 0.0  # noqa: E731
+    rewards = [t.reward for t in judged if t.reward is not None]
+    r_ci = mean_ci(rewards) if len(rewards) > 1 else None
+    passes = sum(t.verdict == "pass" for t in judged)
+    p_lo, p_hi = wilson_interval(passes, len(judged)) if judged else (None, None)
     return {
         "step": step, "time": time.time(), "episodes": len(trajs),
-        "reward_mean": statistics.fmean(t.reward for t in trajs if t.reward is not None) if judged else None,
-        "pass_rate": sum(t.verdict == "pass" for t in judged) / len(judged) if judged else None,
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_lo": r_ci.lo if r_ci else None, "reward_hi": r_ci.hi if r_ci else None,
+        "pass_rate": passes / len(judged) if judged else None, "pass_lo": p_lo, "pass_hi": p_hi,
         "no_verdict": sum(t.verdict == "no_verdict" for t in trajs),
         "groups": adv.report.groups, "groups_dropped": adv.report.dropped_groups,
+        "groups_mixed": adv.report.groups - adv.report.dropped_groups, "refills": refills,
         "masked": adv.report.masked, "flags": flags,
         "completion_tokens": sum(t.completion_tokens for t in trajs),
         "time_generation_s": sum(t.times.get("model", 0.0) for t in trajs),
         "time_environment_s": sum(t.times.get("env", 0.0) for t in trajs),
         "time_verification_s": sum(t.times.get("verify", 0.0) for t in trajs),
-        "time_update_s": update_s,
+        "time_update_s": update_s, "time_step_s": step_s, "peak_rss_mb": round(_peak_rss_mb(), 1),
         "verify_p50_s": pct(verify, 0.5), "verify_p99_s": pct(verify, 0.99),
         "pool_hit_rate": envs.hit_rate,
         **{f"learn_{k}": v for k, v in learn.items() if isinstance(v, (int, float))},
@@ -144,6 +160,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     """Run (or resume) `tcfg.run_id`. `stop_after_step` ends early after that step (tests)."""
     from tryloop.agent.hf import load_model
     from tryloop.agent.hf_policy import HFPolicy
+    from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_key, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
 
@@ -156,117 +173,193 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     run_dir.mkdir(parents=True, exist_ok=True)
     runtime = SandboxRuntime(cfg.runtime)
     store = TaskStore(cfg.tasks.store_url)
-    train_tasks = select(store, "train", tcfg.source)
-    eval_tasks = select(store, "eval", tcfg.source)[: tcfg.eval_tasks]
-    if not train_tasks:
+    train_all = select(store, "train", tcfg.source)
+    eval_all = select(store, "eval", tcfg.source)
+    if not train_all:
         raise TryloopError(f"no train tasks{f' of source {tcfg.source}' if tcfg.source else ''} in "
                            f"{cfg.tasks.store_url}: build the suite first (`tryloop tasks build-default`)")
-    by_fp = {t.fingerprint(): t for t in train_tasks}
+    check_tasks = select(store, "eval", tcfg.check_source)[: tcfg.check_tasks] if tcfg.check_source else []
 
     # The reward version must have passed the regression gate (checked again on every resume).
     spec = cfg.rewards.spec
     spec_ver = spec_version(spec, runtime.host_image().id)
     require_approved(GateRecords(cfg.rewards.gate_dir), spec_ver)
 
-    manifest = {"run_id": tcfg.run_id, "code_revision": code_revision(), "verifier_code": code_version(),
-                "reward_spec_version": spec_ver, "image": runtime.host_image().id,
-                "train_tasks": sorted(by_fp), "eval_tasks": sorted(t.fingerprint() for t in eval_tasks),
-                "config": {"train": tcfg.model_dump(mode="json"), "rewards": cfg.rewards.model_dump(mode="json")}}
-    emit("log", {"message": f"{len(train_tasks)} train / {len(eval_tasks)} held-out tasks; reward version "
-                            f"{spec_ver} approved by the gate"})
-
     loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
     learner_model = (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
     learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
     policy = HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
                       max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
-                      max_batch=tcfg.policy.max_batch)
-    curriculum = Curriculum(sorted(by_fp), window=tcfg.window, explore=tcfg.explore, seed=tcfg.seed)
-    start = 0
-    if ckpt is not None:
-        learner_state, state = await asyncio.to_thread(checkpoint.load, ckpt)
-        learner.load_state_dict(learner_state)
-        await policy.engine.update_weights(learner.export_weights(merged=True), version=f"step-{state['step']}")
-        curriculum.load(state["curriculum"])
-        start = state["step"] + 1
-        emit("log", {"message": f"resumed from {ckpt.name}: continuing with step {start}"})
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-
+                      max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype)
+    all_threads = torch.get_num_threads()
+    rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
+    torch.set_num_threads(rollout_threads)
     trajectories = TrajectoryStore(cfg.store.trajectories_url)
     envs = Environments(runtime)
     own_runner = runner is None
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency))
-    metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
-    _truncate_jsonl(metrics_path, start)
-    _truncate_jsonl(evals_path, start)
-    result = TrainResult(run_dir, start)
-
-    async def held_out(step: int) -> None:
-        if not eval_tasks:
-            return
-        policy.temperature = tcfg.eval_temperature
-        try:
-            ecfg = EvalConfig(k=tcfg.eval_k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
-            res = await evaluate(eval_tasks, policy, envs, cfg=ecfg, run_id=f"{tcfg.run_id}-eval-{step}",
-                                 store=trajectories, runner=runner, spec=spec,
-                                 on_done=lambda t: emit("eval_episode", {"trajectory": t}))
-        finally:
-            policy.temperature = tcfg.policy.temperature
-        s = res.summary
-        row = {"step": step, "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
-               "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
-               "reward_mean": s.reward.value if s.reward else None, "episodes": s.episodes}
-        _append_jsonl(evals_path, row)
-        emit("eval", row)
-
+    result = TrainResult(run_dir, 0)
     try:
-        done_evals = {r["step"] for r in read_jsonl(evals_path)}
-        if tcfg.eval_at_start and start == 0 and -1 not in done_evals:
-            await held_out(-1)
-        for step in range(start, tcfg.steps):
-            fps = curriculum.sample(tcfg.tasks_per_step)
-            requests = [EpisodeRequest(f"{tcfg.run_id}:{step}:{fp[:16]}:{g}:{i}", by_fp[fp], sample_index=i,
-                                       run_id=tcfg.run_id, step=step, group_id=f"{step}:{g}:{fp[:16]}",
-                                       seed=episode_seed(tcfg.seed, step, fp, g * 1000 + i))
-                        for g, fp in enumerate(fps) for i in range(tcfg.group_size)]
-            stored = {t.episode_id: t for t in trajectories.read(run_id=tcfg.run_id, step=step)}
-            trajs = [stored[r.episode_id] for r in requests if r.episode_id in stored]
-            todo = [r for r in requests if r.episode_id not in stored]
-            emit("rollout", {"step": step, "total": len(requests), "done": len(trajs)})
+        # The learning zone of the initial weights (measured once, kept in the task store).
+        prior: dict[str, float] = {}
+        train_tasks, eval_tasks = train_all, eval_all
+        if tcfg.zone:
+            key = zone_key(loaded.weights_version, tcfg.policy.temperature, tcfg.zone_k)
+            band = Band(tcfg.zone_lo, tcfg.zone_hi)
+            t0 = time.perf_counter()
+            emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
+            counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
+                                   temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
+                                   spec=spec, trajectories=trajectories, seed=tcfg.seed,
+                                   on_done=lambda t: emit("zone_episode", {"trajectory": t}))
+            train_tasks, eval_tasks = in_zone(train_all, counts, band), in_zone(eval_all, counts, band)
+            prior = {fp: p / n for fp, (p, n) in counts.items() if n}
+            rows = [r.__dict__ for r in zone_table(train_all + eval_all, counts, band)]
+            (run_dir / "zone.json").write_text(json.dumps({
+                "key": key, "band": [band.lo, band.hi], "k": tcfg.zone_k, "seconds": time.perf_counter() - t0,
+                "train": len(train_tasks), "eval": len(eval_tasks), "rows": rows}, indent=1))
+            emit("zone_done", {"rows": rows, "train": len(train_tasks), "eval": len(eval_tasks)})
+            if not train_tasks:
+                raise TryloopError(no_zone_message(train_all, counts, band, tcfg.policy.name))
+        if tcfg.eval_tasks is not None:
+            eval_tasks = eval_tasks[: tcfg.eval_tasks]
+        by_fp = {t.fingerprint(): t for t in train_tasks}
+        manifest = {"run_id": tcfg.run_id, "code_revision": code_revision(), "verifier_code": code_version(),
+                    "reward_spec_version": spec_ver, "image": runtime.host_image().id,
+                    "train_tasks": sorted(by_fp), "eval_tasks": sorted(t.fingerprint() for t in eval_tasks),
+                    "check_tasks": len(check_tasks),
+                    "config": {"train": tcfg.model_dump(mode="json"), "rewards": cfg.rewards.model_dump(mode="json")}}
+        emit("log", {"message": f"{len(train_tasks)} train / {len(eval_tasks)} held-out tasks"
+                                f"{' in the learning zone' if tcfg.zone else ''}; reward version {spec_ver} "
+                                "approved by the gate"})
 
-            async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
-                return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, capacity=capacity,
-                                         stage=stage)
+        curriculum = Curriculum(sorted(by_fp), window=tcfg.window, explore=tcfg.explore, seed=tcfg.seed,
+                                prior=prior)
+        start = 0
+        if ckpt is not None:
+            learner_state, state = await asyncio.to_thread(checkpoint.load, ckpt)
+            learner.load_state_dict(learner_state)
+            await policy.engine.update_weights(learner.export_weights(merged=True), version=f"step-{state['step']}")
+            curriculum.load(state["curriculum"])
+            start = state["step"] + 1
+            emit("log", {"message": f"resumed from {ckpt.name}: continuing with step {start}"})
+        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
+        _truncate_jsonl(metrics_path, start)
+        _truncate_jsonl(evals_path, start)
+        result.steps_done = start
 
-            async for t in runner.run(todo, one):
-                await asyncio.to_thread(trajectories.write, [t])   # durable before counted
-                trajs.append(t)
-                emit("episode", {"step": step, "trajectory": t})
-            failed = getattr(runner, "failed", [])
-            if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
-                emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
-                                        f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
-            trajs.sort(key=lambda t: t.episode_id)   # completion order must not change the update
-            for t in trajs:
+        async def evaluation(step: int, name: str, tasks: list[Task], k: int, temperature: float) -> None:
+            if not tasks:
+                return
+            policy.temperature = temperature
+            run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
+            try:
+                ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
+                res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
+                                     runner=runner, spec=spec,
+                                     on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+            finally:
+                policy.temperature = tcfg.policy.temperature
+            s = res.summary
+            per_task: dict[str, list[int]] = {}
+            for t in res.trajectories:
                 if t.verdict in ("pass", "fail"):
-                    curriculum.record(t.task_fingerprint, t.verdict == "pass")
-            for fp in set(fps):
+                    c = per_task.setdefault(t.task_id, [0, 0])
+                    c[0] += t.verdict == "pass"
+                    c[1] += 1
+            row = {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
+                   "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
+                   "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
+                   "reward_mean": s.reward.value if s.reward else None, "episodes": s.episodes,
+                   "tasks": per_task}
+            _append_jsonl(evals_path, row)
+            emit("eval", row)
+
+        eval_t = tcfg.policy.temperature if tcfg.eval_temperature is None else tcfg.eval_temperature
+
+        async def evaluations(step: int, final: bool) -> None:
+            await evaluation(step, "held-out", eval_tasks, tcfg.eval_k, eval_t)
+            if final:
+                await evaluation(step, tcfg.check_source or "check", check_tasks, 1, 0.0)
+
+        done_evals = {(r["step"], r.get("name", "held-out")) for r in read_jsonl(evals_path)}
+        if tcfg.eval_at_start and start == 0:
+            if (-1, "held-out") not in done_evals:
+                await evaluation(-1, "held-out", eval_tasks, tcfg.eval_k, eval_t)
+            if check_tasks and (-1, tcfg.check_source) not in done_evals:
+                await evaluation(-1, tcfg.check_source or "check", check_tasks, 1, 0.0)
+
+        for step in range(start, tcfg.steps):
+            t_step = time.perf_counter()
+            stored = {t.episode_id: t for t in trajectories.read(run_id=tcfg.run_id, step=step)}
+            trajs: list[Trajectory] = []
+
+            async def rollout(groups: list[tuple[int, str]], step: int = step,
+                              stored: dict[str, Trajectory] = stored) -> list[Trajectory]:
+                requests = [EpisodeRequest(f"{tcfg.run_id}:{step}:{fp[:16]}:{g}:{i}", by_fp[fp], sample_index=i,
+                                           run_id=tcfg.run_id, step=step, group_id=f"{step}:{g}:{fp[:16]}",
+                                           seed=episode_seed(tcfg.seed, step, fp, g * 1000 + i))
+                            for g, fp in groups for i in range(tcfg.group_size)]
+                out = [stored[r.episode_id] for r in requests if r.episode_id in stored]
+                todo = [r for r in requests if r.episode_id not in stored]
+                emit("rollout", {"step": step, "total": len(requests), "done": len(out)})
+
+                async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
+                    return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec,
+                                             capacity=capacity, stage=stage)
+
+                async for t in runner.run(todo, one):
+                    await asyncio.to_thread(trajectories.write, [t])   # durable before counted
+                    out.append(t)
+                    emit("episode", {"step": step, "trajectory": t})
+                failed = getattr(runner, "failed", [])
+                if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
+                    emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
+                                            f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
+                out.sort(key=lambda t: t.episode_id)   # completion order must not change the update
+                for t in out:
+                    if t.verdict in ("pass", "fail"):
+                        curriculum.record(t.task_fingerprint, t.verdict == "pass")
+                return out
+
+            fps = curriculum.sample(tcfg.tasks_per_step)
+            trajs += await rollout(list(enumerate(fps)))
+            adv = compute_advantages(trajs, tcfg.algo)
+            # DAPO dynamic sampling: groups whose rewards were all equal teach nothing; replace them
+            # with new groups from the curriculum, up to the step's refill budget.
+            refills = 0
+            while adv.report.dropped_groups and refills < tcfg.refill_groups:
+                n = min(adv.report.dropped_groups, tcfg.refill_groups - refills)
+                extra = curriculum.sample(n)
+                trajs += await rollout([(tcfg.tasks_per_step + refills + j, fp) for j, fp in enumerate(extra)])
+                refills += n
+                adv = compute_advantages(trajs, tcfg.algo)
+            trajs.sort(key=lambda t: t.episode_id)
+            adv = compute_advantages(trajs, tcfg.algo)
+            for fp in {t.task_fingerprint for t in trajs}:
                 ts = [t for t in trajs if t.task_fingerprint == fp and t.verdict in ("pass", "fail")]
                 if ts:
                     store.record_pass_rate(fp, f"{tcfg.run_id}", sum(t.verdict == "pass" for t in ts), len(ts))
-            adv = compute_advantages(trajs, tcfg.algo)
             t0 = time.perf_counter()
-            learn = await asyncio.to_thread(learner.step, trajs, adv.values)
-            weights = await asyncio.to_thread(learner.export_weights, True)
-            await policy.engine.update_weights(weights, version=f"step-{step}")
+            rollout_s = t0 - t_step
+            torch.set_num_threads(all_threads)      # nothing else runs during the update
+            try:
+                learn = await asyncio.to_thread(learner.step, trajs, adv.values)
+                weights = await asyncio.to_thread(learner.export_weights, True)
+                await policy.engine.update_weights(weights, version=f"step-{step}")
+            finally:
+                torch.set_num_threads(rollout_threads)
             update_s = time.perf_counter() - t0
             del weights
             _release_memory()
-            row = _step_metrics(step, trajs, adv, learn, update_s, envs)
+            row = _step_metrics(step, trajs, adv, learn, update_s, envs, refills=refills,
+                                step_s=time.perf_counter() - t_step)
+            row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
             _append_jsonl(metrics_path, row)
             result.metrics.append(row)
             if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
-                await held_out(step)
+                await evaluations(step, final=step == tcfg.steps - 1)
             await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
                                     {"curriculum": curriculum.state(), "manifest": manifest},
                                     tcfg.keep_checkpoints)
@@ -279,9 +372,11 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             await runner.aclose()
         await envs.close()
         policy.close()
+        torch.set_num_threads(all_threads)
     result.metrics = read_jsonl(metrics_path)
     result.evals = read_jsonl(evals_path)
     from tryloop.train.report import write_report
 
-    result.report_path = write_report(run_dir, result.metrics, result.evals, manifest)
+    result.report_path = write_report(run_dir, result.metrics, result.evals, manifest,
+                                      trajectories_url=cfg.store.trajectories_url)
     return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tryloop._model import _Model
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
@@ -10,31 +10,72 @@ from tryloop.train.config import TrainConfig
 
 
 def _limits() -> EpisodeLimits:
-    # Function-level tasks answered in one or two turns: what a 135M model on a CPU can do.
-    return EpisodeLimits(max_turns=2, max_new_tokens=256, max_total_tokens=512, max_context_tokens=2048)
+    # Function-level tasks answered in one turn (a code block): what a 135M model on a CPU can do.
+    return EpisodeLimits(max_turns=1, max_new_tokens=192, max_total_tokens=192, max_context_tokens=1024)
 
 
 class TrainRunConfig(_Model):
-    # micro_batch 2 and no entropy logging: full-vocabulary log-softmax over ~1k-token sequences is
-    # the memory peak of a CPU step (4 sequences with entropy went past 24 GB).
-    algo: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=2e-6, micro_batch=2, max_length=2048,
-                                                                  log_entropy=False),
+    # Chosen for a 135M model on 2 CPU cores (benchmarks/README.md, the learning experiment): full
+    # fine-tuning at 1e-5 under bf16 autocast; pi_old recomputed by the learner (one optimizer step per
+    # update, so the loss's own pass gives it); GRPO with a std floor so that a 0.1 shaping term alone
+    # cannot become a +-1.7 advantage.
+    algo: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-5, micro_batch=4, max_length=1024,
+                                                                  old_logprobs="recompute", adv_std_floor=0.3,
+                                                                  amp="auto", log_entropy=False),
                               description="advantages, loss and optimizer")
-    policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(temperature=1.0),
-                                 description="the local model trained (sampled at T=1: on-policy log-probs)")
+    policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(temperature=1.0, dtype="auto"),
+                                 description="the local model trained (sampled at T=1; a bf16 engine where "
+                                             "bf16 is fast: the learner recomputes pi_old, so the sampler's "
+                                             "rounding does not enter the ratio)")
+    rollout_threads: int | None = Field(1, ge=1, description="CPU: torch threads while episodes run (the "
+                                        "verifier's test runs share the cores, and OpenMP threads that lose "
+                                        "their core stall each other); the update uses every core. None: "
+                                        "leave torch's setting alone")
     limits: EpisodeLimits = Field(default_factory=_limits)
-    source: str | None = Field("humaneval", description="train tasks of this source only (None: all)")
-    steps: int = Field(8, ge=1, description="optimizer steps (one per rollout batch)")
-    tasks_per_step: int = Field(4, ge=1, description="groups per step")
-    group_size: int = Field(4, ge=2, description="episodes per task per step")
+    source: str | None = Field("functions", description="train and held-out tasks of this source only (None: all)")
+    zone: bool = Field(True, description="train and evaluate only on tasks in the policy's learning zone, "
+                                         "measured before training (tasks/zone.py)")
+    zone_k: int = Field(3, ge=1, description="samples per task when measuring the zone")
+    zone_lo: float = Field(0.05, ge=0, le=1, description="lowest pass rate in the zone")
+    zone_hi: float = Field(0.70, ge=0, le=1, description="highest pass rate in the zone")
+    steps: int = Field(16, ge=1, description="optimizer steps (one per rollout batch)")
+    tasks_per_step: int = Field(6, ge=1, description="groups per step")
+    group_size: int = Field(6, ge=2, description="episodes per task per step")
+    refill_groups: int = Field(4, ge=0, description="DAPO dynamic sampling: at most this many extra groups "
+                                                    "per step replace groups whose rewards were all equal")
     concurrency: int = Field(8, ge=1, description="episodes at once")
     window: int = Field(8, ge=1, description="curriculum: recent results per task")
     explore: float = Field(0.25, ge=0, le=1, description="curriculum: share drawn outside the learning zone")
-    eval_every: int = Field(4, ge=1, description="held-out evaluation every N steps (and at the end)")
-    eval_tasks: int = Field(16, ge=0, description="held-out tasks per evaluation (0: no evaluation)")
-    eval_k: int = Field(1, ge=1, description="samples per held-out task")
-    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluations (0 = greedy)")
+    eval_every: int = Field(8, ge=1, description="held-out evaluation every N steps (and at the end)")
+    eval_tasks: int | None = Field(None, ge=0, description="held-out tasks per evaluation (None: all; 0: none)")
+    eval_k: int = Field(2, ge=1, description="samples per held-out task")
+    eval_temperature: float | None = Field(None, ge=0, description="sampling temperature of evaluations "
+                                                                   "(None: the policy's; 0 = greedy)")
     eval_at_start: bool = Field(True, description="evaluate before the first step (the baseline)")
+    check_source: str | None = Field("humaneval", description="a second eval set, evaluated greedily at the "
+                                     "start and the end: its held-out tasks of this source (a regression "
+                                     "check: what training must not break); None: no check")
+    check_tasks: int | None = Field(None, ge=1, description="tasks of the check set (None: all held-out)")
     keep_checkpoints: int = Field(2, ge=1)
     run_id: str = Field("train", description="runs_dir/<run_id> holds checkpoints, metrics and the report")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _sampling_matches_update(self) -> TrainRunConfig:
+        a, p = self.algo, self.policy
+        if a.old_logprobs == "sampler" and (p.temperature != 1.0 or p.top_p < 1.0):
+            raise ValueError(
+                "train.algo.old_logprobs 'sampler' uses the log-probabilities of the temperature-1 policy "
+                f"over the full vocabulary, but train.policy samples at temperature {p.temperature} with "
+                f"top_p {p.top_p}: the ratio would compare two different distributions. Use "
+                "train.algo.old_logprobs: recompute, or sample at temperature 1 with top_p 1")
+        if p.temperature > 0 and a.temperature != p.temperature:
+            raise ValueError(f"train.algo.temperature ({a.temperature}) must equal train.policy.temperature "
+                             f"({p.temperature}): the update must score tokens under the distribution "
+                             "they were sampled from")
+        if p.top_p < 1.0:
+            raise ValueError("train.policy.top_p < 1 is not supported for training: the learner cannot "
+                             "recompute the nucleus-truncated distribution; use top_p 1")
+        if self.zone_lo > self.zone_hi:
+            raise ValueError(f"train.zone_lo ({self.zone_lo}) is above train.zone_hi ({self.zone_hi})")
+        return self

@@ -38,6 +38,56 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+# Tokens per chunk of the output projection: a chunk's float32 logits (chunk x vocab) are the
+# largest tensor of the update, ~200 MB for SmolLM2's 49k vocabulary.
+LOGIT_CHUNK = 1024
+
+
+def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    return token_logprobs(logits, targets, temperature)
+
+
+def selected_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, select: torch.Tensor,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of `targets` (B, T) at the positions where `select` (B, T) is true, from the
+    decoder's hidden states (B, T, H); 0 elsewhere.
+
+    Only the selected positions go through the output projection, in chunks of LOGIT_CHUNK tokens,
+    each recomputed in the backward pass (activation checkpointing): the full (B, T, vocab) logits of
+    a batch are never materialised, so memory follows the chunk, not the batch. The projection and
+    the log-softmax run in float32 even under bf16 autocast (log-probabilities feed ratios)."""
+    from torch.utils.checkpoint import checkpoint
+
+    out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    idx = select.nonzero(as_tuple=True)
+    if idx[0].numel() == 0:
+        return out
+    h = hidden[idx]
+    tg = targets[idx]
+    weight, bias = head.weight, getattr(head, "bias", None)
+    parts = []
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        for i in range(0, h.shape[0], LOGIT_CHUNK):
+            args = (h[i:i + LOGIT_CHUNK], weight, bias, tg[i:i + LOGIT_CHUNK], temperature)
+            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                         else _chunk_logprobs(*args))
+    return out.index_put(idx, torch.cat(parts))
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bfloat16 matmuls that are fast here: CUDA with bf16, or a CPU with AMX / AVX512-BF16."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
 def _with_lora(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -70,6 +120,7 @@ class Learner:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.requires_grad_(False).eval()
         self.optimizer_steps = 0
+        self.amp = cfg.amp == "bf16" or (cfg.amp == "auto" and bf16_supported(self.device))
 
     def _pad_id(self) -> int:
         # Padding sits under attention 0 and loss 0, so any valid id works.
@@ -81,18 +132,43 @@ class Learner:
 
     # --- forward passes ---------------------------------------------------
 
-    def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """New logprobs (B, T-1) of the target tokens, and the logits that gave them."""
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1]
-        return token_logprobs(logits, batch.input_ids[:, 1:], self.config.temperature), logits
+    def _forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """New logprobs (B, T-1) of the target tokens where the loss mask is set (0 elsewhere).
+
+        The decoder runs under bf16 autocast when `amp` allows it; the output projection sees only
+        the loss tokens (`selected_logprobs`)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        decoder = base.get_decoder()
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             use_cache=False).last_hidden_state[:, :-1]
+        return selected_logprobs(hidden, base.get_output_embeddings(), batch.input_ids[:, 1:],
+                                 batch.loss_mask > 0, self.config.temperature)
+
+    def _entropy(self, model: nn.Module, batch: Batch) -> float:
+        """Mean policy entropy over the loss tokens (no grad; chunked like the log-probabilities)."""
+        from tryloop.train.losses import entropy
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        head = base.get_output_embeddings()
+        with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                                             enabled=self.amp):
+            hidden = base.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                        use_cache=False).last_hidden_state[:, :-1]
+        h = hidden[batch.loss_mask > 0].float()
+        total = 0.0
+        with torch.no_grad():
+            for i in range(0, h.shape[0], LOGIT_CHUNK):
+                logits = head(h[i:i + LOGIT_CHUNK].to(head.weight.dtype)).float() / self.config.temperature
+                total += float(entropy(logits).sum())
+        return total / max(h.shape[0], 1)
 
     @torch.no_grad()
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.ref_model is not None:
-            return self._forward(self.ref_model, batch)[0]
+            return self._forward(self.ref_model, batch)
         with self.model.disable_adapter():  # type: ignore[operator]
-            return self._forward(self.model, batch)[0]
+            return self._forward(self.model, batch)
 
     @torch.no_grad()
     def logprobs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
@@ -101,7 +177,8 @@ class Learner:
         out: list[list[float]] = []
         for chunk in _chunks(list(trajectories), self.config.micro_batch):
             batch = collate(chunk, [0.0] * len(chunk), self.config.max_length, self.pad_id).to(self.device)
-            lp = self._forward(self.model, batch)[0].float().cpu()
+            batch.loss_mask = batch.attention_mask[:, 1:].float()   # every real token, not just sampled ones
+            lp = self._forward(self.model, batch).float().cpu()
             for i, t in enumerate(chunk):
                 n = int(batch.attention_mask[i].sum())
                 out.append([0.0] + lp[i, : n - 1].tolist() + [0.0] * (len(t.token_ids) - n))
@@ -133,12 +210,16 @@ class Learner:
             return metrics | {"optimizer_steps": 0.0, "tokens": 0.0}
         plan = self._plan([t for t, _ in kept], [a for _, a in kept])  # type: ignore[misc]
 
-        if cfg.old_logprobs == "recompute":
-            # Before any update, so every mini-batch's ratio is measured from the same weights.
+        # recompute: pi_old is the current weights. With one optimizer step per call the weights do
+        # not change before the loss is taken, so the forward pass of the loss itself gives pi_old
+        # (its detached log-probabilities): no extra pass. With several, one no-grad pass first, so
+        # every mini-batch's ratio is measured from the same weights.
+        same_pass = cfg.old_logprobs == "recompute" and len(plan) == 1
+        if cfg.old_logprobs == "recompute" and not same_pass:
             self.model.eval()
             with torch.no_grad():
                 for b in (b for mini in plan for b in mini):
-                    b.old_logprobs = self._forward(self.model, b)[0].float() * b.loss_mask
+                    b.old_logprobs = self._forward(self.model, b).float() * b.loss_mask
 
         const = cfg.loss_const or cfg.max_length
         sums: dict[str, float] = {}
@@ -149,22 +230,21 @@ class Learner:
             step_loss = 0.0
             for b in mini:
                 ref = self._ref_logprobs(b) if cfg.kl_coef > 0 else None
-                logp, logits = self._forward(self.model, b)
-                ent_logits = None
-                if cfg.log_entropy:
-                    ent_logits = logits.detach()
-                    if cfg.temperature != 1.0:
-                        ent_logits = ent_logits / cfg.temperature
+                logp = self._forward(self.model, b)
+                if same_pass:
+                    b.old_logprobs = logp.detach() * b.loss_mask
                 out = policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                                   aggregation=cfg.aggregation, loss_const=const, gspo=cfg.gspo,
-                                  ref_logp=ref, kl_coef=cfg.kl_coef, logits=ent_logits, norm=z)
+                                  ref_logp=ref, kl_coef=cfg.kl_coef, norm=z)
                 out.loss.backward()
                 step_loss += float(out.loss.detach())
+                if cfg.log_entropy:
+                    out.stats["entropy"] = self._entropy(self.model, b)
                 w = out.stats["tokens"]
                 for k, v in out.stats.items():
                     sums[k] = sums.get(k, 0.0) + (v if k == "tokens" else v * w)
-                del logp, logits, ent_logits, out
+                del logp, out
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
             if math.isfinite(norm) and math.isfinite(step_loss):
