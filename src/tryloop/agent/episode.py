@@ -68,17 +68,38 @@ def answer_calls(task: Task, text: str) -> list[ToolCall]:
     """A reply that is code for a function-level task's answer file: write it, then submit.
 
     The file's import lines are kept in front when the reply's code leaves them out
-    (models often write just the function); the tests still decide.
+    (models often write just the function); the tests still decide. A reply with no complete
+    block counts when it is Python code by itself (small models often drop the opening fence):
+    the text before a closing fence, if it parses and defines a function.
     """
-    blocks = _CODE_BLOCK.findall(text)
-    if not task.meta.answer_file or not blocks:
+    if not task.meta.answer_file:
         return []
-    code = max(blocks, key=len)
+    blocks = _CODE_BLOCK.findall(text)
+    if blocks:
+        code = max(blocks, key=len)
+    else:
+        code = bare_code(text)
+        if code is None:
+            return []
     pristine = task.workspace_files().get(task.meta.answer_file, b"").decode(errors="replace")
     imports = [ln for ln in pristine.splitlines() if ln.startswith(("import ", "from ")) and ln not in code]
     content = "\n".join(imports + [code]) if imports else code
     return [ToolCall("write", {"path": task.meta.answer_file, "content": content}, "answer"),
             ToolCall(SUBMIT, {}, "answer-submit")]
+
+
+def bare_code(text: str) -> str | None:
+    """`text` up to its first fence, when that is Python defining a function; else None."""
+    import ast
+
+    code = text.split("```", 1)[0].strip("\n")
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in tree.body):
+        return None
+    return code + "\n"
 
 
 @dataclass
