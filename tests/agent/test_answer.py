@@ -19,3 +19,12 @@ def test_fenced_block_bare_code_and_prose(tmp_path):
     assert bare[0].arguments["content"] == "def f(x):\n    return x + 1\n"
     assert answer_calls(t, "I would write a function that adds numbers.") == []
     assert answer_calls(t, "x = 1\n") == []                            # code, but no function
+
+
+def test_one_turn_answer_episodes_get_the_short_prompt(tmp_path):
+    from tryloop.agent.episode import system_prompt
+
+    t = task(tmp_path)
+    short = system_prompt(t, max_turns=1)
+    assert "```python" in short and "solution.py" in short and "<tool_call>" not in short
+    assert "<tool_call>" in system_prompt(t, max_turns=2) and "<tool_call>" in system_prompt(t)

@@ -52,7 +52,15 @@ Shortcut: reply with the complete new `{path}` in one ```python block; that writ
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
-def system_prompt(task: Task | None = None) -> str:
+ANSWER_ONLY_PROMPT = """You are a software engineer. Reply with the complete new `{path}` in one ```python block."""
+
+
+def system_prompt(task: Task | None = None, *, max_turns: int | None = None) -> str:
+    """The tools and how to call them; for a function-level task in a one-turn episode, only how to
+    answer: a tool call there would end the episode with nothing written, so listing the tools
+    would only mislead (and cost ~280 prompt tokens per episode)."""
+    if task is not None and task.meta.answer_file and max_turns == 1:
+        return ANSWER_ONLY_PROMPT.format(path=task.meta.answer_file)
     lines = []
     for s in SCHEMAS:
         f = s["function"]
@@ -136,7 +144,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     stage("running")
     try:
         tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
-        session = policy.session(system_prompt(task), task.instruction, seed=req.seed, task=task)
+        session = policy.session(system_prompt(task, max_turns=limits.max_turns), task.instruction,
+                                 seed=req.seed, task=task)
         observations: list[Observation] | None = None
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):

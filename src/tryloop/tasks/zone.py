@@ -29,9 +29,12 @@ from tryloop.agent.trajectory import Trajectory
 from tryloop.tasks.model import Task
 
 
-def zone_key(weights_version: str, temperature: float, k: int) -> str:
-    """The store's pass-rate key of one measurement: policy weights, temperature, samples."""
-    return f"zone:{weights_version}:T{temperature:g}:k{k}"
+def zone_key(weights_version: str, temperature: float, k: int, setup: str = "") -> str:
+    """The store's pass-rate key of one measurement: policy weights, temperature, samples, and a
+    digest of the episode setup (`setup`, e.g. the limits and the prompt version), since a pass rate
+    holds only for the setup it was measured in."""
+    tail = f":{hashlib.sha256(setup.encode()).hexdigest()[:8]}" if setup else ""
+    return f"zone:{weights_version}:T{temperature:g}:k{k}{tail}"
 
 
 def zone_run_id(key: str) -> str:

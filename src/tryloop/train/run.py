@@ -204,7 +204,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         prior: dict[str, float] = {}
         train_tasks, eval_tasks = train_all, eval_all
         if tcfg.zone:
-            key = zone_key(loaded.weights_version, tcfg.policy.temperature, tcfg.zone_k)
+            from tryloop.agent.episode import ANSWER_ONLY_PROMPT, SYSTEM_PROMPT
+
+            setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT])
+            key = zone_key(loaded.weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
             emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
