@@ -26,3 +26,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Chat prompts of different lengths (real padding when batched), for the engine's tests.
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "hi",
+    "List three colours of the rainbow, then explain in one long sentence why the sky looks blue.",
+]
+
+
+@pytest.fixture(scope="session")
+def prompts(smollm2) -> list[list[int]]:
+    tok = smollm2.tokenizer
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                    return_dict=True)["input_ids"] for q in QUESTIONS]

@@ -13,20 +13,6 @@ import torch
 from tryloop.agent.engine import Engine, _SlotCache
 from tryloop.agent.sampling import SamplingParams, sample_batch, sample_token
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a Python function that reverses a string.",
-    "hi",
-    "List three colours of the rainbow, then explain in one long sentence why the sky looks blue.",
-]
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2) -> list[list[int]]:
-    tok = smollm2.tokenizer
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                    return_dict=True)["input_ids"] for q in QUESTIONS]
-
 
 @pytest.fixture(autouse=True)
 def _threads(one_thread):
