@@ -63,3 +63,14 @@ def test_measure_records_counts_once_and_selects_the_band(runtime, fn_store, tmp
     assert {r.group for r in rows} == {"tier 1", "tier 2"}
     msg = no_zone_message(tasks, never, Band(), "do-nothing")
     assert "4 never solved" in msg and "train.zone_lo" in msg
+
+
+def test_zone_samples_never_share_seeds_with_evaluations():
+    from tryloop.tasks.zone import zone_seed
+
+    key = zone_key("w", 0.7, 3)
+    s = zone_seed(key, 0)
+    # evaluate() seeds sample i of an evaluation of seed e with e * 1_000_003 + i.
+    eval_seeds = {e * 1_000_003 + i for e in range(4) for i in range(8)}
+    assert not {s * 1_000_003 + i for i in range(8)} & eval_seeds
+    assert zone_seed(key, 0) == s and zone_seed(key, 1) != s

@@ -37,6 +37,13 @@ def zone_key(weights_version: str, temperature: float, k: int, setup: str = "") 
     return f"zone:{weights_version}:T{temperature:g}:k{k}{tail}"
 
 
+def zone_seed(key: str, seed: int) -> int:
+    """The measurement's sampling seed: drawn from the key, so its episodes never share a seed (and
+    so, with the same weights, never share their samples) with an evaluation of seed `seed`."""
+    # 3 bytes: the episode seeds derived from it (x 1,000,003, then x 7,919 per turn) stay below 2**63.
+    return int.from_bytes(hashlib.sha256(f"zone:{seed}:{key}".encode()).digest()[:3], "big") + 1_000
+
+
 def zone_run_id(key: str) -> str:
     return "zone-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
@@ -67,7 +74,7 @@ async def measure(tasks: list[Task], policy, envs, store, *, key: str, k: int, t
         saved = getattr(policy, "temperature", None)
         policy.temperature = temperature
         try:
-            res = await evaluate(todo, policy, envs, cfg=EvalConfig(k=k, seed=seed, limits=limits),
+            res = await evaluate(todo, policy, envs, cfg=EvalConfig(k=k, seed=zone_seed(key, seed), limits=limits),
                                  run_id=zone_run_id(key), store=trajectories, runner=runner, spec=spec,
                                  on_done=on_done)
         finally:

@@ -206,7 +206,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         if tcfg.zone:
             from tryloop.agent.episode import ANSWER_ONLY_PROMPT, SYSTEM_PROMPT
 
-            setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT])
+            setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT,
+                                "zone-seed-v2", tcfg.seed])
             key = zone_key(loaded.weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
