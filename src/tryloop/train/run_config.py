@@ -40,7 +40,7 @@ class TrainRunConfig(_Model):
     zone_k: int = Field(3, ge=1, description="samples per task when measuring the zone")
     zone_lo: float = Field(0.05, ge=0, le=1, description="lowest pass rate in the zone")
     zone_hi: float = Field(0.70, ge=0, le=1, description="highest pass rate in the zone")
-    steps: int = Field(16, ge=1, description="optimizer steps (one per rollout batch)")
+    steps: int = Field(8, ge=1, description="optimizer steps (one per rollout batch)")
     tasks_per_step: int = Field(4, ge=1, description="groups per step")
     group_size: int = Field(6, ge=2, description="episodes per task per step")
     refill_groups: int = Field(4, ge=0, description="DAPO dynamic sampling: at most this many extra groups "
