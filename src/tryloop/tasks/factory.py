@@ -223,45 +223,43 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
     return report
 
 
-async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
-                          eval_fraction: float, seed: int = 0, limit: int | None = None, concurrency: int = 2,
-                          progress: Progress | None = None) -> GateReport:
-    """The HumanEval part of the bundled suite alone (what `tryloop train` needs by default), gated."""
+async def _admit_all(runtime: SandboxRuntime, store: TaskStore, tasks: list[Task], group: Callable[[Task], str],
+                     *, gate: GateConfig, eval_fraction: float, seed: int, concurrency: int,
+                     progress: Progress | None) -> GateReport:
+    """Gate independent candidates `concurrency` at a time (each in its own sandboxes)."""
     import asyncio
-
-    from tryloop.tasks.sources.humaneval import humaneval_tasks
 
     report = GateReport()
     sem = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> None:
         async with sem:
-            await admit(runtime, store, task, report, "humaneval", gate, eval_fraction=eval_fraction, seed=seed)
+            await admit(runtime, store, task, report, group(task), gate, eval_fraction=eval_fraction, seed=seed)
         if progress:
             progress(task.id, None)
 
-    await asyncio.gather(*(one(t) for t in humaneval_tasks(work_dir / "humaneval", limit=limit)))
+    await asyncio.gather(*(one(t) for t in tasks))
     return report
+
+
+async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
+                          eval_fraction: float, seed: int = 0, limit: int | None = None, concurrency: int = 2,
+                          progress: Progress | None = None) -> GateReport:
+    """The HumanEval part of the bundled suite alone (the default check set of `tryloop train`), gated."""
+    from tryloop.tasks.sources.humaneval import humaneval_tasks
+
+    return await _admit_all(runtime, store, humaneval_tasks(work_dir / "humaneval", limit=limit),
+                            lambda t: "humaneval", gate=gate, eval_fraction=eval_fraction, seed=seed,
+                            concurrency=concurrency, progress=progress)
 
 
 async def build_functions(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
                           eval_fraction: float, seed: int = 0, per_family: int = 8, concurrency: int = 2,
                           families: list[str] | None = None, progress: Progress | None = None) -> GateReport:
     """The synthesized function tasks (tiers 1-3, split by family; all templates or `families`), gated."""
-    import asyncio
-
     from tryloop.tasks.sources.functions import function_tasks
 
-    report = GateReport()
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(task: Task) -> None:
-        async with sem:
-            await admit(runtime, store, task, report, f"functions:tier-{task.meta.origin['tier']}", gate,
-                        eval_fraction=eval_fraction, seed=seed)
-        if progress:
-            progress(task.id, None)
-
     tasks = function_tasks(work_dir / "functions", per_family=per_family, seed=seed, families=families)
-    await asyncio.gather(*(one(t) for t in tasks))
-    return report
+    return await _admit_all(runtime, store, tasks, lambda t: f"functions:tier-{t.meta.origin['tier']}",
+                            gate=gate, eval_fraction=eval_fraction, seed=seed, concurrency=concurrency,
+                            progress=progress)

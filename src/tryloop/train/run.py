@@ -44,6 +44,7 @@ from tryloop.sandbox import SandboxRuntime
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.tasks.model import Task
 from tryloop.tasks.store import TaskStore
+from tryloop.telemetry.stats import pass_counts
 from tryloop.train import checkpoint
 from tryloop.train.curriculum import Curriculum
 from tryloop.train.run_config import TrainRunConfig
@@ -266,12 +267,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             finally:
                 policy.temperature = tcfg.policy.temperature
             s = res.summary
-            per_task: dict[str, list[int]] = {}
-            for t in res.trajectories:
-                if t.verdict in ("pass", "fail"):
-                    c = per_task.setdefault(t.task_id, [0, 0])
-                    c[0] += t.verdict == "pass"
-                    c[1] += 1
+            per_task = {task_id: [c, n] for task_id, (n, c) in pass_counts(res.trajectories).items()}
             row = {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
                    "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
                    "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
@@ -321,25 +317,23 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
                     emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
                                             f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
-                out.sort(key=lambda t: t.episode_id)   # completion order must not change the update
-                for t in out:
+                for t in sorted(out, key=lambda t: t.episode_id):
                     if t.verdict in ("pass", "fail"):
                         curriculum.record(t.task_fingerprint, t.verdict == "pass")
                 return out
 
             fps = curriculum.sample(tcfg.tasks_per_step)
             trajs += await rollout(list(enumerate(fps)))
-            adv = compute_advantages(trajs, tcfg.algo)
             # DAPO dynamic sampling: groups whose rewards were all equal teach nothing; replace them
             # with new groups from the curriculum, up to the step's refill budget.
             refills = 0
-            while adv.report.dropped_groups and refills < tcfg.refill_groups:
-                n = min(adv.report.dropped_groups, tcfg.refill_groups - refills)
+            while refills < tcfg.refill_groups and \
+                    (dropped := compute_advantages(trajs, tcfg.algo).report.dropped_groups):
+                n = min(dropped, tcfg.refill_groups - refills)
                 extra = curriculum.sample(n)
                 trajs += await rollout([(tcfg.tasks_per_step + refills + j, fp) for j, fp in enumerate(extra)])
                 refills += n
-                adv = compute_advantages(trajs, tcfg.algo)
-            trajs.sort(key=lambda t: t.episode_id)
+            trajs.sort(key=lambda t: t.episode_id)   # completion order must not change the update
             adv = compute_advantages(trajs, tcfg.algo)
             for fp in {t.task_fingerprint for t in trajs}:
                 ts = [t for t in trajs if t.task_fingerprint == fp and t.verdict in ("pass", "fail")]

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tryloop.agent.hf import bf16_supported
 from tryloop.agent.trajectory import Trajectory
 from tryloop.train.batch import Batch, collate
 from tryloop.train.config import TrainConfig
@@ -76,18 +77,6 @@ def selected_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tens
     return out.index_put(idx, torch.cat(parts))
 
 
-def bf16_supported(device: torch.device) -> bool:
-    """bfloat16 matmuls that are fast here: CUDA with bf16, or a CPU with AMX / AVX512-BF16."""
-    if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            return False
-    return False
-
-
 def _with_lora(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -132,35 +121,33 @@ class Learner:
 
     # --- forward passes ---------------------------------------------------
 
-    def _forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """New logprobs (B, T-1) of the target tokens where the loss mask is set (0 elsewhere).
-
-        The decoder runs under bf16 autocast when `amp` allows it; the output projection sees only
-        the loss tokens (`selected_logprobs`)."""
+    def _hidden(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, nn.Module]:
+        """The decoder's hidden states (B, T-1, H) that predict the target tokens, under bf16
+        autocast when `amp` allows it, and the output projection."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        decoder = base.get_decoder()
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             use_cache=False).last_hidden_state[:, :-1]
-        return selected_logprobs(hidden, base.get_output_embeddings(), batch.input_ids[:, 1:],
-                                 batch.loss_mask > 0, self.config.temperature)
-
-    def _entropy(self, model: nn.Module, batch: Batch) -> float:
-        """Mean policy entropy over the loss tokens (no grad; chunked like the log-probabilities)."""
-        from tryloop.train.losses import entropy
-
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        head = base.get_output_embeddings()
-        with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
-                                             enabled=self.amp):
             hidden = base.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                         use_cache=False).last_hidden_state[:, :-1]
+        return hidden, base.get_output_embeddings()
+
+    def _forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """New logprobs (B, T-1) of the target tokens where the loss mask is set (0 elsewhere); the
+        output projection sees only those tokens (`selected_logprobs`)."""
+        hidden, head = self._hidden(model, batch)
+        return selected_logprobs(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
+                                 self.config.temperature)
+
+    @torch.no_grad()
+    def _entropy(self, model: nn.Module, batch: Batch) -> float:
+        """Mean policy entropy over the loss tokens (chunked like the log-probabilities)."""
+        from tryloop.train.losses import entropy
+
+        hidden, head = self._hidden(model, batch)
         h = hidden[batch.loss_mask > 0].float()
         total = 0.0
-        with torch.no_grad():
-            for i in range(0, h.shape[0], LOGIT_CHUNK):
-                logits = head(h[i:i + LOGIT_CHUNK].to(head.weight.dtype)).float() / self.config.temperature
-                total += float(entropy(logits).sum())
+        for i in range(0, h.shape[0], LOGIT_CHUNK):
+            logits = torch.nn.functional.linear(h[i:i + LOGIT_CHUNK], head.weight.float())
+            total += float(entropy(logits / self.config.temperature).sum())
         return total / max(h.shape[0], 1)
 
     @torch.no_grad()
