@@ -48,7 +48,13 @@ _V2_SUBTREE = ("memory", "pids", "cpu")
 Kind = Literal["v1", "v2"]
 
 _RMDIR_TIMEOUT_S = 2.0
-_FREEZE_TIMEOUT_S = 2.0
+#: A freeze waits for every task to reach the refrigerator; a task in an uninterruptible
+#: sleep (exec paging a binary in from a busy disk, reclaim) delays it, so on a loaded
+#: machine this takes far longer than the usual sub-millisecond.
+_FREEZE_TIMEOUT_S = 30.0
+#: While a v1 group stays FREEZING, writing FROZEN again re-signals the tasks not yet
+#: frozen (the kernel's documented retry); done at this interval.
+_FREEZE_RETRY_S = 0.05
 _KILL_TIMEOUT_S = 2.0
 
 
@@ -544,11 +550,18 @@ class SandboxCgroup:
     # ----------------------------------------------------------------- freezer
 
     def freeze(self, timeout: float = _FREEZE_TIMEOUT_S) -> None:
-        """Stop every process of the group; returns once the kernel reports it frozen."""
+        """Stop every process of the group; returns once the kernel reports it frozen.
+
+        A v1 group that stays FREEZING is kicked again (FROZEN rewritten) every
+        `_FREEZE_RETRY_S`, which re-signals tasks that were busy at the first attempt.
+        On timeout the error names the tasks that did not freeze and where they wait.
+        """
         d = self.paths["freezer"]
         if self._kind("freezer") == "v1":
-            _write(d / "freezer.state", "FROZEN")
-            self._wait(lambda: _read(d / "freezer.state").strip() == "FROZEN", timeout)
+            state = d / "freezer.state"
+            _write(state, "FROZEN")
+            self._wait(lambda: _read(state).strip() == "FROZEN", timeout,
+                       retry=lambda: _write(state, "FROZEN"))
         else:
             _write(d / "cgroup.freeze", "1")
             self._wait(lambda: _keyed(_read(d / "cgroup.events"), "frozen") == 1, timeout)
@@ -563,14 +576,32 @@ class SandboxCgroup:
             _write(d / "cgroup.freeze", "0")
             self._wait(lambda: _keyed(_read(d / "cgroup.events"), "frozen") == 0, timeout)
 
-    def _wait(self, done: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def _wait(self, done: Callable[[], bool], timeout: float,
+              retry: Callable[[], None] | None = None) -> None:
+        start = time.monotonic()
+        deadline = start + timeout
+        next_retry = start + _FREEZE_RETRY_S
         delay = 0.0002
         while not done():
-            if time.monotonic() > deadline:
-                raise SandboxError(f"cgroup {self.name!r}: freezer state change timed out")
+            now = time.monotonic()
+            if now > deadline:
+                raise SandboxError(f"cgroup {self.name!r}: freezer state change timed out after "
+                                   f"{timeout:g}s; tasks: {self._task_states()}")
+            if retry is not None and now >= next_retry:
+                retry()
+                next_retry = now + _FREEZE_RETRY_S
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
+
+    def _task_states(self) -> str:
+        """`pid comm state wchan` of each task, for a freezer timeout's message."""
+        out = []
+        for pid in self.pids():
+            stat = _read_or_none(Path(f"/proc/{pid}/stat")) or ""
+            comm, _, rest = stat.rpartition(")")
+            wchan = _read_or_none(Path(f"/proc/{pid}/wchan")) or "?"
+            out.append(f"{pid} {comm.partition('(')[2]} {rest.split()[0] if rest else '?'} {wchan}")
+        return "; ".join(out) or "none"
 
     # ----------------------------------------------------------------- teardown
 
