@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import ray
+from ray.cluster_utils import Cluster
 
-ray = pytest.importorskip("ray")
-
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from tryloop.agent.config import EpisodeLimits, PolicyConfig  # noqa: E402
-from tryloop.agent.environments import Environments  # noqa: E402
-from tryloop.config import TryloopConfig  # noqa: E402
-from tryloop.eval.config import EvalConfig  # noqa: E402
-from tryloop.eval.remote import RemoteEpisodes  # noqa: E402
-from tryloop.eval.run import evaluate  # noqa: E402
-from tryloop.eval.scheduled import ScheduledRunner  # noqa: E402
-from tryloop.scheduler import AdmissionConfig, RayConfig, SchedulerConfig  # noqa: E402
-from tryloop.tasks.store import TaskStore  # noqa: E402
-
-pytestmark = pytest.mark.slow
+from tryloop.agent.config import EpisodeLimits, PolicyConfig
+from tryloop.agent.environments import Environments
+from tryloop.config import TryloopConfig
+from tryloop.eval.config import EvalConfig
+from tryloop.eval.remote import RemoteEpisodes
+from tryloop.eval.run import evaluate
+from tryloop.eval.scheduled import ScheduledRunner
+from tryloop.scheduler import AdmissionConfig, RayConfig, SchedulerConfig
+from tryloop.tasks.store import TaskStore
 
 
 async def test_oracle_evaluation_runs_on_ray_workers(runtime, runtime_config, reward_tasks, tmp_path):

@@ -6,12 +6,10 @@ import asyncio
 from collections import Counter
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
-ray = pytest.importorskip("ray")
-
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from tryloop.scheduler import (  # noqa: E402
+from tryloop.scheduler import (
     AdmissionConfig,
     EpisodeRequest,
     EpisodeState,
@@ -20,9 +18,7 @@ from tryloop.scheduler import (  # noqa: E402
     Scheduler,
     SchedulerConfig,
 )
-from tryloop.scheduler.sim import FixedLatencyInference, ModelledEpisode, SimConfig  # noqa: E402
-
-pytestmark = pytest.mark.slow
+from tryloop.scheduler.sim import FixedLatencyInference, ModelledEpisode, SimConfig
 
 WORLD = SimConfig(turns=(2, 3), tool_cpu_s=0.1, verify_cpu_s=0.1, provision_s=0.01)
 

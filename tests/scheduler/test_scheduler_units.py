@@ -208,8 +208,7 @@ def test_classify_honours_a_failure_kind_attribute_and_ray_deaths():
 
     assert isinstance(classify(Tagged()), VerifierFailure)
     assert isinstance(classify(Flaky()), InferenceUnavailable)
-    ray_exceptions = pytest.importorskip("ray.exceptions")
-    ActorDiedError, RayTaskError = ray_exceptions.ActorDiedError, ray_exceptions.RayTaskError
+    from ray.exceptions import ActorDiedError, RayTaskError
 
     assert isinstance(classify(ActorDiedError(), host="n1"), WorkerLost)
     wrapped = RayTaskError("f", "tb", SandboxClosed("gone"))
