@@ -256,3 +256,21 @@ def test_bf16_autocast_step_keeps_float32_weights_and_a_unit_first_ratio(model):
     assert all(p.dtype == torch.float32 for p in learner.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(weights(model).values(),
                                                         weights(learner.model).values(), strict=True))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_activation_checkpointing_gives_the_same_update(model, lora):
+    trajs = episodes(model, 6)
+    after = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)   # the same LoRA initialisation in both
+        learner = Learner(copy.deepcopy(model), TrainConfig(activation_checkpointing=ckpt, lora=lora, lora_rank=4,
+                                                            lr=1e-2, micro_batch=2, amp="off"))
+        decoder = (learner.model.get_base_model() if lora else learner.model).get_decoder()
+        assert decoder.gradient_checkpointing is ckpt
+        metrics = learner.step(trajs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+        assert metrics["grad_norm"] > 0
+        after.append(learner.export_weights(merged=True))
+    for k, v in after[0].items():
+        torch.testing.assert_close(after[1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    assert any(not torch.equal(v, model.state_dict()[k]) for k, v in after[0].items())

@@ -68,6 +68,9 @@ class TrainConfig(_Model):
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; None = no clipping")
     micro_batch: int = Field(4, ge=1, description="sequences per forward/backward pass")
+    activation_checkpointing: bool = Field(True, description="keep only each decoder layer's input "
+                                           "and recompute the layer in the backward pass: the update's "
+                                           "memory no longer grows with layers x tokens, for one extra forward")
     grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step; None = "
                                    "one optimizer step per call over the whole batch")
     max_length: int = Field(4096, ge=2, description="sequences are cut to this many tokens (tail dropped)")

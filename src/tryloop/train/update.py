@@ -41,7 +41,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 # Tokens per chunk of the output projection: a chunk's float32 logits (chunk x vocab) are the
 # largest tensor of the update, ~200 MB for SmolLM2's 49k vocabulary.
-LOGIT_CHUNK = 1024
+LOGIT_CHUNK = 256
 
 
 def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -95,13 +95,14 @@ class Learner:
         self.config = cfg = config or TrainConfig()
         self.tokenizer = tokenizer
         self.model = _with_lora(model, cfg) if cfg.lora else model
+        _checkpoint_layers(self.model, cfg.activation_checkpointing)
         self.device = next(self.model.parameters()).device
         self.pad_id = self._pad_id()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, **_adamw_kwargs(self.params))
         # KL needs pi_ref. With LoRA it is the same model with the adapter
         # switched off (no second copy); otherwise a frozen copy taken now.
         self.ref_model: nn.Module | None = None
@@ -341,3 +342,32 @@ def _chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
+
+
+def _checkpoint_layers(model: nn.Module, enable: bool) -> None:
+    """Activation checkpointing of the decoder layers on or off (the model may come with either),
+    non-reentrant: it works with inputs that need no grad, as under LoRA, and with autocast.
+    Newer transformers name the switches `activation_checkpointing_*`, older ones `gradient_*`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    new_names = hasattr(base, "activation_checkpointing_enable")
+    if not enable:
+        on = base.is_activation_checkpointing if new_names else getattr(base, "is_gradient_checkpointing", False)
+        if on:
+            base.activation_checkpointing_disable() if new_names else base.gradient_checkpointing_disable()
+        return
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support activation checkpointing; "
+                         "set algo.activation_checkpointing: false")
+    kwargs = {"use_reentrant": False}
+    if new_names:
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _adamw_kwargs(params: list[nn.Parameter]) -> dict[str, bool]:
+    """The fused AdamW kernel (torch has it for CPU and CUDA): it updates each parameter in
+    place, where the default multi-tensor path allocates temporaries the size of all the
+    parameters (a gigabyte for a 135M model in fp32) at every step."""
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return {"fused": True} if fused else {}

@@ -1,0 +1,101 @@
+"""Peak memory and time of the policy update, with and without activation checkpointing, side by side.
+
+    python benchmarks/update_memory.py [--sequences 8] [--length 600] [--completion 192] [--steps 2] [--out FILE]
+
+Each configuration runs in a fresh process (peak memory is a per-process high-water mark) on the
+bundled model with the train run's settings (micro-batch 4, bf16 autocast where the CPU has it,
+fused AdamW): `--steps` updates on the same `--sequences` token sequences of `--length` tokens whose
+last `--completion` tokens carry the loss, advantages +1/-1. The configurations alternate, twice
+each, so load on the machine hits both. Reported per configuration: the process's peak resident
+memory (VmHWM) after loading and after the updates, and the median seconds of an update. Writes
+results-update-memory.json beside this file (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def measure(checkpointing: bool, sequences: int, length: int, completion: int, steps: int) -> dict:
+    """One configuration, in this process."""
+    import torch
+
+    from tryloop.agent.hf import load_model
+    from tryloop.agent.trajectory import Trajectory
+    from tryloop.train.run_config import TrainRunConfig
+    from tryloop.train.update import Learner
+
+    algo = TrainRunConfig().algo.model_copy(update={"activation_checkpointing": checkpointing})
+    model = load_model("smollm2-135m").model
+    loaded_mb = _hwm_mb()
+    learner = Learner(model, algo)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    trajs = [Trajectory(episode_id=f"e{i}", task_id="t", logprobs=[0.0] * length,
+                        token_ids=torch.randint(1, vocab, (length,), generator=g).tolist(),
+                        loss_mask=[0] * (length - completion) + [1] * completion) for i in range(sequences)]
+    seconds = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        learner.step(trajs, [1.0 if i % 2 else -1.0 for i in range(sequences)])
+        seconds.append(time.perf_counter() - t)
+    return {"activation_checkpointing": checkpointing, "loaded_mb": round(loaded_mb),
+            "peak_mb": round(_hwm_mb()), "update_s": seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sequences", type=int, default=8)
+    ap.add_argument("--length", type=int, default=600)
+    ap.add_argument("--completion", type=int, default=192)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results-update-memory.json")
+    ap.add_argument("--one", choices=["on", "off"], help=argparse.SUPPRESS)  # a child's configuration
+    args = ap.parse_args()
+    shape = (args.sequences, args.length, args.completion, args.steps)
+    if args.one:
+        print(json.dumps(measure(args.one == "on", *shape)))
+        return
+
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for r in range(args.repeats):
+        for which in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            cmd = [sys.executable, __file__, "--one", which, "--sequences", str(args.sequences),
+                   "--length", str(args.length), "--completion", str(args.completion), "--steps", str(args.steps)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            runs[which].append(json.loads(out.strip().splitlines()[-1]))
+            print(which, runs[which][-1], flush=True)
+
+    def row(rs: list[dict]) -> dict:
+        return {"peak_mb_p50": statistics.median(r["peak_mb"] for r in rs),
+                "loaded_mb_p50": statistics.median(r["loaded_mb"] for r in rs),
+                "update_s_p50": statistics.median(s for r in rs for s in r["update_s"])}
+
+    base, ours = row(runs["off"]), row(runs["on"])
+    result = {"date": time.strftime("%Y-%m-%d"), "shape": dict(zip(("sequences", "length", "completion", "steps"),
+                                                                    shape, strict=True)),
+              "baseline_no_checkpointing": base, "activation_checkpointing": ours,
+              "peak_ratio": ours["peak_mb_p50"] / base["peak_mb_p50"],
+              "update_time_ratio": ours["update_s_p50"] / base["update_s_p50"], "runs": runs}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
