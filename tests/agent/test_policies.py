@@ -176,3 +176,22 @@ async def test_hf_policy_episode_is_token_exact(envs, task, smollm2, one_thread)
     assert t.termination in ("submitted", "turn_limit", "context_full")
     assert t.verdict in ("pass", "fail") and t.reward_version
     assert {"model", "env", "verify"} <= set(t.times) and t.times["model"] > 0 and t.times["verify"] > 0
+
+
+def test_sampling_temperature_is_restored_after_the_block_and_after_an_error():
+    from tryloop.agent.policy import sampling_temperature
+
+    class P:
+        temperature = 0.7
+
+    p = P()
+    with sampling_temperature(p, 0.0):
+        assert p.temperature == 0.0
+    assert p.temperature == 0.7
+    with pytest.raises(RuntimeError), sampling_temperature(p, 1.3):
+        assert p.temperature == 1.3
+        raise RuntimeError("episode failed")
+    assert p.temperature == 0.7
+    scripted = object()   # no temperature: left alone
+    with sampling_temperature(scripted, 0.0):
+        assert not hasattr(scripted, "temperature")

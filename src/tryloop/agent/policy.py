@@ -13,6 +13,8 @@ know its tokens (a server without token data, a scripted policy) says so with
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,3 +86,18 @@ class Policy(Protocol):
     def session(self, system: str, instruction: str, *, seed: int = 0, task: Task | None = None) -> PolicySession:
         """`task` is for scripted policies (the oracle knows the reference); models ignore it."""
         ...
+
+
+@contextlib.contextmanager
+def sampling_temperature(policy: Any, temperature: float) -> Iterator[None]:
+    """Sample at `temperature` inside the block and restore the policy's own afterwards, also on
+    error; a policy without a temperature (scripted) is left alone."""
+    if not hasattr(policy, "temperature"):
+        yield
+        return
+    saved = policy.temperature
+    policy.temperature = temperature
+    try:
+        yield
+    finally:
+        policy.temperature = saved

@@ -66,20 +66,16 @@ async def measure(tasks: list[Task], policy, envs, store, *, key: str, k: int, t
                   on_done: Callable[[Trajectory], None] | None = None) -> dict[str, tuple[int, int]]:
     """k episodes per task not yet measured under `key`; returns {fingerprint: (passes, attempts)} of
     every task (measured now or before). Episodes without a verdict are not counted."""
+    from tryloop.agent.policy import sampling_temperature
     from tryloop.eval.config import EvalConfig
     from tryloop.eval.run import evaluate
 
     todo = [t for t in tasks if measured(store, t, key) is None]
     if todo:
-        saved = getattr(policy, "temperature", None)
-        policy.temperature = temperature
-        try:
+        with sampling_temperature(policy, temperature):
             res = await evaluate(todo, policy, envs, cfg=EvalConfig(k=k, seed=zone_seed(key, seed), limits=limits),
                                  run_id=zone_run_id(key), store=trajectories, runner=runner, spec=spec,
                                  on_done=on_done)
-        finally:
-            if saved is not None:
-                policy.temperature = saved
         counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for t in res.trajectories:
             if t.verdict in ("pass", "fail"):

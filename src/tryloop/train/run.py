@@ -31,6 +31,7 @@ import torch
 
 from tryloop.agent.environments import Environments
 from tryloop.agent.episode import EpisodeRequest, run_episode
+from tryloop.agent.policy import sampling_temperature
 from tryloop.agent.trajectory import Trajectory
 from tryloop.config import TryloopConfig
 from tryloop.errors import TryloopError
@@ -257,15 +258,12 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         async def evaluation(step: int, name: str, tasks: list[Task], k: int, temperature: float) -> None:
             if not tasks:
                 return
-            policy.temperature = temperature
             run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
-            try:
-                ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
+            ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
+            with sampling_temperature(policy, temperature):
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
                                      runner=runner, spec=spec,
                                      on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
-            finally:
-                policy.temperature = tcfg.policy.temperature
             s = res.summary
             per_task = {task_id: [c, n] for task_id, (n, c) in pass_counts(res.trajectories).items()}
             row = {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
