@@ -342,8 +342,9 @@ def export_verl(source: Source, out: str | Path, *, run_id: str | None = None, s
     `extra_info` to the reward function (`compute_score(data_source, solution_str,
     ground_truth, extra_info)`). Columns written:
 
-    - `data_source`: selects the reward function (default "tryloop": a custom
-      `custom_reward_function` that runs tryloop's verifier);
+    - `data_source`: selects the reward function (default "tryloop": verl's
+      `custom_reward_function` set to `tryloop.integrations.verl.compute_score`, which
+      plays the response as a one-turn episode in a sandbox and runs tryloop's verifier);
     - `prompt`: the messages before the policy's first answer (system, user);
     - `ability`: a free-form category;
     - `reward_model`: `{style: "rule", ground_truth: <task fingerprint>}` — the

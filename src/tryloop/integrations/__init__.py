@@ -1,0 +1,1 @@
+"""Entry points that other training frameworks call into tryloop with."""

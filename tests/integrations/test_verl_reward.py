@@ -1,0 +1,64 @@
+"""verl's custom reward function, loaded by file path as verl loads it, judging real responses in real sandboxes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tryloop.tasks.sources.functions import function_tasks
+from tryloop.tasks.store import TaskStore
+
+
+@pytest.fixture
+def verl_module(tmp_path, monkeypatch):
+    tasks = function_tasks(tmp_path / "src", per_family=1, families=["affine", "add-suffix"])
+    store = TaskStore(tmp_path / "tasks")
+    for t in tasks:
+        store.add(t)
+    cfg = tmp_path / "tryloop.yaml"
+    cfg.write_text(json.dumps({   # JSON is YAML
+        "tasks": {"store_url": str(tmp_path / "tasks")},
+        "runtime": {"store_dir": str(tmp_path / "rt"), "state_dir": str(tmp_path / "state"),
+                    "cgroup_name": "tryloop-test"}}))
+    monkeypatch.setenv("TRYLOOP_CONFIG", str(cfg))
+    import tryloop.integrations.verl as installed
+
+    # verl imports the file named in custom_reward_function.path as a fresh module.
+    spec = importlib.util.spec_from_file_location("custom_module", installed.__file__)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    yield mod, tasks
+    mod.close()
+
+
+def test_compute_score_judges_responses_with_the_verifier(verl_module):
+    mod, tasks = verl_module
+    task = tasks[0]
+    reference = task.solution_files()["solution.py"].decode()
+    good = mod.compute_score("tryloop", f"Here it is:\n```python\n{reference}```\n", task.fingerprint(),
+                             {"index": 0})
+    assert good["passed"] == 1.0 and good["score"] > 0.9
+    stub = task.workspace_files()["solution.py"].decode()
+    bad = mod.compute_score("tryloop", f"```python\n{stub}```", task.fingerprint(), {"index": 1})
+    assert bad["passed"] == 0.0 and bad["score"] < good["score"]
+    prose = mod.compute_score("tryloop", "I am not sure how to do this.", task.fingerprint())
+    assert prose["passed"] == 0.0
+    assert set(good) == {"score", "passed", "flags"} and all(isinstance(v, float) for v in good.values())
+
+
+def test_a_response_that_rewrites_the_tests_is_not_paid(verl_module):
+    mod, tasks = verl_module
+    task = tasks[1]
+    hack = ('<tool_call>{"name": "write", "arguments": {"path": "tests/test_solution.py", '
+            '"content": "def test_ok():\\n    assert True\\n"}}</tool_call>')
+    v = mod.judge_response(task.fingerprint(), hack)
+    assert v["verdict"] == "fail" and v["passed"] == 0.0 and v["score"] <= 0.1   # at most the compile credit
+    assert v["flags"], "writing the hidden test file is a flagged attack"
+
+
+def test_an_unknown_ground_truth_is_named(verl_module):
+    mod, _ = verl_module
+    with pytest.raises(ValueError, match="no-such-task"):
+        mod.compute_score("tryloop", "x", "no-such-task")
