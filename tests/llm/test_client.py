@@ -292,3 +292,53 @@ def test_client_survives_successive_event_loops():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+async def test_a_429_with_retry_after_is_retried_no_sooner_than_asked():
+    import email.utils
+
+    script = [ScriptedReply.error(429, headers={"Retry-After": "1"}), "served"]
+    with ScriptedServer(script) as srv:
+        async with _client(srv, max_retries=2, retry_backoff_s=0.01) as client:
+            t0 = time.monotonic()
+            r = await client.chat(USER)
+            waited = time.monotonic() - t0
+    assert r.text == "served" and r.attempts == 2
+    assert waited >= 1.0, "the backoff (0.01 s) must not override the server's Retry-After"
+    # The error carries what the server asked, as seconds, in both of the header's forms.
+    later = email.utils.formatdate(time.time() + 30, usegmt=True)
+    with ScriptedServer([ScriptedReply.error(503, headers={"Retry-After": later})]) as srv:
+        async with _client(srv) as client:
+            with pytest.raises(LLMHTTPError) as e:
+                await client.chat(USER)
+    assert 25 <= e.value.retry_after_s <= 31
+
+
+def test_retry_delays_are_jittered_and_floored_by_retry_after():
+    from tryloop.llm.client import parse_retry_after, retry_delay
+
+    assert parse_retry_after("7") == 7.0 and parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None and parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    backoffs = [retry_delay(3, 0.5) for _ in range(200)]
+    assert all(2.0 <= d <= 4.0 for d in backoffs) and len(set(backoffs)) > 150   # 0.5 * 2**3, jittered
+    asked = [retry_delay(0, 0.5, 10.0) for _ in range(200)]
+    assert all(10.0 <= d <= 12.0 for d in asked) and len(set(asked)) > 150
+    assert retry_delay(0, 0.5, 10_000.0) <= 120.0 * 1.2    # a runaway Retry-After is capped
+
+
+async def test_openai_policy_sends_the_key_from_the_named_environment_variable(monkeypatch):
+    from tryloop.agent.config import PolicyConfig
+    from tryloop.agent.policies import make_policy
+    from tryloop.errors import ConfigError
+
+    monkeypatch.setenv("TRYLOOP_TEST_KEY", "sk-from-env")
+    with ScriptedServer(["hello"]) as srv:
+        policy = make_policy(PolicyConfig(name="openai", base_url=srv.url, model=srv.model,
+                                          api_key_env="TRYLOOP_TEST_KEY"))
+        await policy.session("system", "do it").act(None)
+        assert srv.requests[-1].headers.get("Authorization") == "Bearer sk-from-env"
+        assert "sk-from-env" not in PolicyConfig(name="openai", api_key_env="TRYLOOP_TEST_KEY").model_dump_json()
+    monkeypatch.delenv("TRYLOOP_TEST_KEY")
+    with pytest.raises(ConfigError, match="policy.api_key_env.*TRYLOOP_TEST_KEY"):
+        make_policy(PolicyConfig(name="openai", base_url="http://127.0.0.1:9", model="m",
+                                 api_key_env="TRYLOOP_TEST_KEY"))

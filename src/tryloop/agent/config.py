@@ -31,6 +31,12 @@ class PolicyConfig(_Model):
     temperature: float = Field(0.7, ge=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: int = Field(16, ge=1, description="local model: sequences decoded together")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="openai: the environment variable holding the API key, sent "
+                                                "as a bearer token (the key never enters the config or a "
+                                                "record); null: no key, as local servers expect")
+    max_retries: int = Field(3, ge=0, description="openai: retries of a failed call (timeouts, 5xx, 408, 429), "
+                                                  "after a jittered backoff or the server's Retry-After")
     token_ids: bool = Field(False, description="openai: ask the server for token ids and logprobs (vLLM's "
                                                "return_token_ids); plain OpenAI servers reject the field")
     device: str = Field("auto", description="local model: auto | cpu | cuda")

@@ -110,8 +110,10 @@ class OpenAISession:
 
 class OpenAIPolicy:
     def __init__(self, base_url: str, model: str, *, temperature: float = 0.7, max_tokens: int = 512,
-                 token_ids: bool = False, timeout_s: float = 300.0, api_key: str | None = None):
-        self.client = ChatClient(base_url, model, api_key, timeout_s=timeout_s, request_token_ids=token_ids)
+                 token_ids: bool = False, timeout_s: float = 300.0, api_key: str | None = None,
+                 max_retries: int = 0):
+        self.client = ChatClient(base_url, model, api_key, timeout_s=timeout_s, request_token_ids=token_ids,
+                                 max_retries=max_retries)
         self.name = f"openai:{model}"
         self.version = model
         self.temperature, self.max_tokens, self.token_ids = temperature, max_tokens, token_ids

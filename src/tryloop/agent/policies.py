@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop.errors import ConfigError
 
@@ -25,8 +27,12 @@ def make_policy(cfg: PolicyConfig, limits: EpisodeLimits | None = None):
 
         if not cfg.base_url or not cfg.model:
             raise ConfigError("policy.name is 'openai': set policy.base_url and policy.model")
+        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        if cfg.api_key_env and not key:
+            raise ConfigError(f"policy.api_key_env: the environment variable {cfg.api_key_env} is not set")
         return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature, token_ids=cfg.token_ids,
-                            max_tokens=limits.max_new_tokens, timeout_s=limits.turn_timeout_s)
+                            max_tokens=limits.max_new_tokens, timeout_s=limits.turn_timeout_s,
+                            api_key=key, max_retries=cfg.max_retries)
     from tryloop.agent.hf_policy import HFPolicy
 
     return HFPolicy.load(name, device=cfg.device, temperature=cfg.temperature, top_p=cfg.top_p,

@@ -6,9 +6,10 @@ completions live under `/v1`, vLLM's `/health` and `/metrics` at the root.
 Every call has one wall-clock deadline (`timeout_s`) for the whole exchange, not
 httpx's per-phase timeouts: a server that trickles bytes forever still times
 out. Failures are typed (`tryloop.llm.errors`); with `max_retries > 0` the
-retryable ones (timeouts, broken connections, 5xx, 408, 429) are sent again with
-exponential backoff, so one call can take up to (max_retries + 1) * timeout_s
-plus the backoff.
+retryable ones (timeouts, broken connections, 5xx, 408, 429) are sent again after
+a jittered exponential backoff, or no sooner than the server's `Retry-After` when
+it sends one (`retry_delay`), so one call can take up to (max_retries + 1) *
+timeout_s plus the waits.
 
 Token ids: a plain OpenAI server does not return them and rejects fields it
 does not know, so the client asks for vLLM's token-id extensions only when
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+import email.utils
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -38,6 +42,9 @@ T = TypeVar("T")
 
 _BODY_EXCERPT = 2000            # chars of an error body kept on LLMHTTPError
 _MAX_BACKOFF_S = 30.0
+# A Retry-After longer than this is not waited out in full (a misconfigured server must not park
+# an episode for hours): the retry comes after this many seconds.
+_MAX_RETRY_AFTER_S = 120.0
 # Request fields the client sets itself; `extra` may not replace them by accident.
 _RESERVED = frozenset({"model", "messages", "prompt", "tools", "tool_choice"})
 
@@ -192,7 +199,8 @@ class ChatClient:
             except LLMError as e:
                 if not e.retryable or attempt >= self.max_retries:
                     raise
-            await asyncio.sleep(min(self.retry_backoff_s * 2 ** attempt, _MAX_BACKOFF_S))
+                delay = retry_delay(attempt, self.retry_backoff_s, getattr(e, "retry_after_s", None))
+            await asyncio.sleep(delay)
             attempt += 1
 
     async def _json(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -219,7 +227,7 @@ class ChatClient:
         if not 200 <= resp.status_code < 300:
             text = resp.text[:_BODY_EXCERPT]
             raise LLMHTTPError(f"{method} {url}: HTTP {resp.status_code}: {text[:300]}",
-                               resp.status_code, text)
+                               resp.status_code, text, parse_retry_after(resp.headers.get("retry-after")))
         return resp
 
     def _client(self) -> httpx.AsyncClient:
@@ -231,6 +239,33 @@ class ChatClient:
             self._http = httpx.AsyncClient(headers=self._headers, timeout=httpx.Timeout(self.timeout_s))
             self._http_loop = loop
         return self._http
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
+def retry_delay(attempt: int, backoff_s: float, retry_after_s: float | None = None) -> float:
+    """Seconds before retry number `attempt` + 1. Exponential backoff with jitter (a random half of
+    it on top of the other half), so clients that failed together do not come back together; a
+    server's Retry-After is a floor (never retry earlier than asked), plus up to 20 % jitter. Both
+    are capped at _MAX_RETRY_AFTER_S / _MAX_BACKOFF_S."""
+    if retry_after_s is not None:
+        return min(retry_after_s, _MAX_RETRY_AFTER_S) * (1.0 + 0.2 * random.random())
+    base = min(backoff_s * 2 ** attempt, _MAX_BACKOFF_S)
+    return base / 2 + random.random() * base / 2
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

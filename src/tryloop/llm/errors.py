@@ -43,10 +43,11 @@ class LLMConnectionError(LLMError):
 class LLMHTTPError(LLMError):
     """The server answered with a non-2xx status; `body` is the start of what it said."""
 
-    def __init__(self, message: str, status: int, body: str):
+    def __init__(self, message: str, status: int, body: str, retry_after_s: float | None = None):
         super().__init__(message)
         self.status = status
         self.body = body
+        self.retry_after_s = retry_after_s   # the server's Retry-After, in seconds, when it sent one
 
     @property
     def is_server_error(self) -> bool:

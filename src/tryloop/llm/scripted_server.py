@@ -75,6 +75,7 @@ class ScriptedReply:
     token_ids: Sequence[int] | None = None    # the completion's tokens; default: the toy tokenizer
     logprobs: Sequence[float] | None = None   # their logprobs; default: a fixed deterministic pattern
     reasoning: str | None = None              # sent as message.reasoning_content
+    headers: Mapping[str, str] = field(default_factory=dict)   # extra response headers (e.g. Retry-After)
 
     @classmethod
     def say(cls, text: str, **kw: Any) -> ScriptedReply:
@@ -325,10 +326,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if reply.body is not None:
                 data = reply.body.encode() if isinstance(reply.body, str) else reply.body
-                self._send(reply.status, data, "application/json")
+                self._send(reply.status, data, "application/json", reply.headers)
                 return
             if not 200 <= reply.status < 300:
-                self._send_error(reply.status, reply.text, "ScriptedError")
+                self._send_error(reply.status, reply.text, "ScriptedError", reply.headers)
                 return
             payload = _response(srv, request, reply, number, chat=self.path == "/v1/chat/completions")
         except Exception as e:
@@ -347,19 +348,23 @@ class _Handler(BaseHTTPRequestHandler):
         with srv._lock:
             srv.requests.append(ReceivedRequest(self.command, self.path, body, dict(self.headers.items())))
 
-    def _send_error(self, status: int, message: str, kind: str) -> None:
-        self._send_json(status, {"error": {"message": message, "type": kind, "param": None,
-                                           "code": status}})
+    def _send_error(self, status: int, message: str, kind: str,
+                    headers: Mapping[str, str] | None = None) -> None:
+        self._send(status, json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                                 "code": status}}).encode(), "application/json", headers)
 
     def _send_json(self, status: int, payload: dict[str, Any]) -> bool:
         return self._send(status, json.dumps(payload).encode(), "application/json")
 
-    def _send(self, status: int, data: bytes, content_type: str) -> bool:
+    def _send(self, status: int, data: bytes, content_type: str,
+              headers: Mapping[str, str] | None = None) -> bool:
         """Write a whole response; False when the client had already gone."""
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
         except OSError:
