@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from collections import deque
 from pathlib import Path
 
@@ -105,8 +106,22 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     from tryloop.train.run import train
 
     cfg = load_yaml(write_config(train_root, run_id="short"))
-    res = asyncio.run(train(cfg, cfg.train))
+    # Its metrics are served while it runs (any free port) and scraped after each step.
+    cfg = cfg.model_copy(update={"telemetry": cfg.telemetry.model_copy(update={"metrics_port": 0})})
+    url, scraped = [], []
+
+    def hook(event, data):
+        if event == "log" and data["message"].startswith("metrics: "):
+            url.append(data["message"].removeprefix("metrics: "))
+        if event == "step":
+            scraped.append(urllib.request.urlopen(url[0], timeout=10).read().decode())
+
+    res = asyncio.run(train(cfg, cfg.train, hook=hook))
     assert res.steps_done == 2 and len(res.metrics) == 2
+    assert len(scraped) == 2 and "tryloop_train_step 1.0" in scraped[-1]
+    assert "tryloop_pool_acquire_total{" in scraped[-1] and "tryloop_scheduler_" in scraped[-1]
+    with pytest.raises(OSError):     # the server went with the run
+        urllib.request.urlopen(url[0], timeout=2)
     m = res.metrics
     assert all(x["episodes"] == 2 for x in m)
     assert any(x.get("learn_optimizer_steps", 0) > 0 for x in m), m

@@ -23,6 +23,7 @@ def _run(cfg) -> None:
     from tryloop.sandbox import SandboxRuntime
     from tryloop.store.trajectories import TrajectoryStore
     from tryloop.tasks.store import TaskStore
+    from tryloop.telemetry.metrics_http import serve_metrics
 
     ecfg = cfg.eval
     tasks = select_tasks(TaskStore(cfg.tasks.store_url), ecfg)
@@ -31,9 +32,11 @@ def _run(cfg) -> None:
     console.print(f"[bold]{run_id}[/]: policy {ecfg.policy.name}, {len(tasks)} {ecfg.split} task(s) x {ecfg.k}, "
                   f"{ecfg.concurrency} at once")
 
-    async def go():
+    async def go(metrics):
         runtime = SandboxRuntime(cfg.runtime)
-        envs = Environments(runtime)
+        envs = Environments(runtime, registry=metrics.registry)
+        if metrics.url:
+            console.print(f"metrics: {metrics.url}")
         with console.status(f"loading policy {ecfg.policy.name} ..."):
             policy = await asyncio.to_thread(make_policy, ecfg.policy, ecfg.limits) \
                 if cfg.scheduler.engine == "local" else None   # on Ray, the workers load it
@@ -54,7 +57,8 @@ def _run(cfg) -> None:
 
                 # On Ray each worker builds its own sandboxes and policy from the configuration.
                 remote = RemoteEpisodes(cfg, ecfg.policy, ecfg.limits) if cfg.scheduler.engine == "ray" else None
-                runner = ScheduledRunner(bounded(cfg.scheduler, ecfg.concurrency), remote=remote)
+                runner = ScheduledRunner(bounded(cfg.scheduler, ecfg.concurrency), remote=remote,
+                                         registry=metrics.registry)
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
                                      store=TrajectoryStore(cfg.store.trajectories_url),
                                      spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner)
@@ -67,7 +71,8 @@ def _run(cfg) -> None:
                 await asyncio.to_thread(close)
         return res
 
-    res = asyncio.run(go())
+    with serve_metrics(cfg.telemetry) as metrics:
+        res = asyncio.run(go(metrics))
     t = Table(title=f"evaluation {run_id}", show_header=False)
     t.add_column(style="bold")
     t.add_column()

@@ -16,6 +16,7 @@ on resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import Gauge
 
 from tryloop.agent.environments import Environments
 from tryloop.agent.episode import EpisodeRequest, run_episode
@@ -45,6 +47,7 @@ from tryloop.sandbox import SandboxRuntime
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.tasks.model import Task
 from tryloop.tasks.store import TaskStore
+from tryloop.telemetry.metrics_http import serve_metrics
 from tryloop.telemetry.stats import pass_counts
 from tryloop.train import checkpoint
 from tryloop.train.curriculum import Curriculum
@@ -122,6 +125,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
 
 
+#: Per-step figures also published as Prometheus gauges (tryloop_train_<name>) while the run goes.
+_GAUGED = {"step": "the last finished step", "reward_mean": "mean reward of the step's episodes",
+           "pass_rate": "share of the step's judged episodes that passed", "groups_mixed": "groups whose "
+           "rewards differ", "refills": "groups drawn again because all rewards were equal",
+           "time_step_s": "wall-clock seconds of the step", "peak_rss_mb": "peak resident memory of the process"}
+
+
+def _train_gauges(registry) -> dict[str, Gauge]:
+    return {name: Gauge(f"tryloop_train_{name}", doc, registry=registry) for name, doc in _GAUGED.items()}
+
+
 def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any], update_s: float,
                   envs: Environments, *, refills: int = 0, step_s: float = 0.0) -> dict[str, Any]:
     from tryloop.telemetry.stats import mean_ci, wilson_interval
@@ -197,9 +211,14 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
     torch.set_num_threads(rollout_threads)
     trajectories = TrajectoryStore(cfg.store.trajectories_url)
-    envs = Environments(runtime)
+    served = contextlib.ExitStack()
+    metrics = served.enter_context(serve_metrics(cfg.telemetry))
+    if metrics.url:
+        emit("log", {"message": f"metrics: {metrics.url}"})
+    gauges = _train_gauges(metrics.registry)
+    envs = Environments(runtime, registry=metrics.registry)
     own_runner = runner is None
-    runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency))
+    runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), registry=metrics.registry)
     result = TrainResult(run_dir, 0)
     try:
         # The learning zone of the initial weights (measured once, kept in the task store).
@@ -353,6 +372,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                 step_s=time.perf_counter() - t_step)
             row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
             _append_jsonl(metrics_path, row)
+            for name, gauge in gauges.items():
+                if isinstance(row.get(name), (int, float)):
+                    gauge.set(row[name])
             result.metrics.append(row)
             if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
                 await evaluations(step, final=step == tcfg.steps - 1)
@@ -369,6 +391,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         await envs.close()
         policy.close()
         torch.set_num_threads(all_threads)
+        served.close()
     result.metrics = read_jsonl(metrics_path)
     result.evals = read_jsonl(evals_path)
     from tryloop.train.report import write_report
