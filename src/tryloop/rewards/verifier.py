@@ -28,26 +28,26 @@ import base64
 import difflib
 import fnmatch
 import hashlib
-import hmac
 import json
 import logging
 import os
 import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.rewards import rules
+from tryloop.rewards import harness, rules
+from tryloop.rewards.harness import RunRecord, parse_records
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verdict import Changes, Flag, Verdict
 from tryloop.rewards.version import code_version, reward_version, spec_version
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import OUTCOME_SOURCE, sandbox_config_for, task_snapshot
+from tryloop.tasks.testrun import sandbox_config_for, task_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -58,77 +58,9 @@ ALWAYS_PROTECTED = ["conftest.py", "sitecustomize.py", "usercustomize.py", "*.pt
                     "*.pyc", "*.pyo", "*.so", "*.pyd", "__pycache__/"]
 REPORT_FORGED = "report_forged"
 
-_PLUGIN = r'''
-"""tryloop verifier plugin: per-test outcomes as authenticated records (loaded with -p)."""
-import hashlib, hmac, json, os, sys
-
-def _make():
-    # The key arrives on stdin and never touches a file or the environment.
-    key = os.read(0, 4096).strip()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    fd = os.open(os.environ.pop("TRYLOOP_VERIFY_OUT"),
-                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    seq = [0]
-
-    def emit(kind, **data):
-        seq[0] += 1
-        body = json.dumps({"seq": seq[0], "kind": kind, **data}, sort_keys=True)
-        mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        os.write(fd, (mac + " " + body + "\n").encode())
-    return emit
-
-# What `python -m pytest` does (the working directory first on sys.path), but only now that
-# pytest itself is imported: a workspace module can no longer stand in for the test framework.
-sys.path.insert(0, os.getcwd())
-''' + OUTCOME_SOURCE + r'''
-
-
-def _plugin(emit, outcome_of=_outcome):
-    # The hooks close over `emit` and `outcome_of`: replacing this module's attributes later
-    # (from code under test) changes nothing pluggy calls.
-    class Plugin:
-        def pytest_runtest_logreport(self, report):
-            outcome = outcome_of(report)
-            if outcome is not None:
-                emit("test", id=report.nodeid, outcome=outcome)
-
-        def pytest_collectreport(self, report):
-            if report.failed:
-                emit("test", id=report.nodeid or "<collection>", outcome="error")
-
-        def pytest_sessionfinish(self, session, exitstatus):
-            emit("finish", exitstatus=int(exitstatus), collected=int(getattr(session, "testscollected", 0)))
-    return Plugin()
-
-
-_records = _plugin(_make())
-
-
-def pytest_configure(config):
-    # Registered before collection, i.e. before any code under test is imported.
-    config.pluginmanager.register(_records, "tryloop-verifier-records")
-'''
-
 
 class VerifierError(TryloopError):
     """The verifier itself could not judge (becomes a no-verdict, never a score)."""
-
-
-@dataclass
-class RunRecord:
-    """One authenticated test run inside the verifier's sandbox."""
-
-    outcomes: dict[str, str] = field(default_factory=dict)
-    finished: bool = False
-    collected: int = 0
-    forged: int = 0            # records that failed authentication
-    exit_code: int | None = None
-    timed_out: bool = False
-    oom: bool = False
-    wall_s: float = 0.0
-    output_tail: str = ""
 
 
 @dataclass
@@ -177,41 +109,14 @@ def _python(sb_env: dict[str, str]) -> str:
     return "/usr/bin/python3"
 
 
-def _command(task: Task, python: str, plugin_module: str) -> str:
-    """The task's pytest command, run by the verifier's interpreter with the plugin loaded."""
+def pytest_args(task: Task) -> list[str]:
+    """The arguments of the task's pytest command (the verifier runs pytest its own way)."""
     words = shlex.split(task.meta.test_command)
     idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
     if idx is None:
         raise VerifierError(f"task {task.id}: test_command {task.meta.test_command!r} is not a pytest "
                             "command; the verifier needs per-test results")
-    args = words[idx + 1:]
-    return shlex.join([python, "-P", "-B", "--check-hash-based-pycs", "always", "-m", "pytest", "-p", plugin_module,
-                       "-p", "no:cacheprovider", *args])
-
-
-def parse_records(raw: bytes, key: bytes) -> RunRecord:
-    run = RunRecord()
-    expected_seq = 1
-    for line in raw.splitlines():
-        mac, _, body = line.decode(errors="replace").partition(" ")
-        good = hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest())
-        try:
-            rec = json.loads(body) if good else None
-        except ValueError:
-            rec = None
-        if rec is None or rec.get("seq") != expected_seq:
-            run.forged += 1
-            continue
-        expected_seq += 1
-        if rec["kind"] == "test":
-            # A test reported twice (e.g. call + teardown error) keeps its worst outcome.
-            prev = run.outcomes.get(rec["id"])
-            if prev is None or prev == "passed":
-                run.outcomes[rec["id"]] = rec["outcome"]
-        elif rec["kind"] == "finish":
-            run.finished = True
-            run.collected = int(rec.get("collected", 0))
-    return run
+    return words[idx + 1:]
 
 
 async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
@@ -221,7 +126,6 @@ async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidd
     snap = task_snapshot(runtime, task, cfg)
     key = secrets.token_hex(32).encode()
     slot = f"/tmp/.v{secrets.token_hex(8)}"
-    module = f"tlv_{secrets.token_hex(4)}"
     async with await runtime.create(snap, cfg) as sb:
         deleted = [p for p, d in applied.items() if d is None]
         for rel, data in applied.items():
@@ -233,12 +137,13 @@ async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidd
                 raise VerifierError(f"could not apply deletions: {res.text('stderr')[:200]}")
         for rel, data in hidden.items():  # last: tests always win
             sb.write_file(rel, data)
-        sb.write_file(f"{slot}/{module}.py", _PLUGIN)
-        env = {"PYTHONPATH": slot, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONSAFEPATH": "1", "TRYLOOP_VERIFY_OUT": f"{slot}/out"}
+        agent_files = [p for p, d in applied.items() if d is not None]
+        for name, text in harness.slot_files(cfg.workdir, agent_files, sorted(hidden)).items():
+            sb.write_file(f"{slot}/{name}", text)
+        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1"}
         t0 = time.perf_counter()
-        res = await sb.exec(_command(task, _python(sb.env), module), stdin=key + b"\n", env=env,
-                            merge_stderr=True, timeout=timeout)
+        res = await sb.exec(harness.command(_python(sb.env), slot, pytest_args(task)), stdin=key + b"\n",
+                            env=env, merge_stderr=True, timeout=timeout)
         wall = time.perf_counter() - t0
         try:
             raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
@@ -278,9 +183,10 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     hidden = task.hidden_tests()
     applied, _ = split_changes(task, dict(task.solution_files()), hidden)
     run = await _run_tests(runtime, task, applied, hidden, task.meta.test_timeout_s)
-    if not run.finished or run.forged:
+    if not run.finished or run.forged or run.broken or any(f.severity == "hack" for f in run.evidence):
         raise VerifierError(f"task {task.id}: the reference run under the verifier produced no "
-                            f"complete report (exit {run.exit_code}): {run.output_tail[-300:]}")
+                            f"clean complete report (exit {run.exit_code}, evidence {run.evidence[:2]}): "
+                            f"{run.output_tail[-300:]}")
     b = Baseline(sorted(run.outcomes), sorted(t for t, o in run.outcomes.items() if o == "passed"), run.wall_s)
     if not b.passing:
         raise VerifierError(f"task {task.id}: no test passes with the reference solution under the "
@@ -337,12 +243,17 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     timeout = spec.timeout_s or task.meta.test_timeout_s
     run = await _run_tests(runtime, task, applied, hidden, timeout)
     verdict.outcomes = run.outcomes
-    verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, collected=run.collected)
+    verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
+                        collected=run.collected)
 
     expected = task.meta.expected_tests or base.passing
+    verdict.flags.extend(run.evidence)
     if run.forged:
         verdict.flags.append(Flag(REPORT_FORGED, f"{run.forged} test record(s) failed authentication: "
                                   "the code under test wrote to the verifier's report"))
+    if run.broken or run.status == harness.CHANNEL_EXIT:
+        verdict.flags.append(Flag(harness.CHANNEL_BROKEN, "the test process's record channel was written to "
+                                  "(malformed records, records after the session's end) or replaced"))
     passed = [t for t in expected if run.outcomes.get(t) == "passed"]
     not_run = [t for t in base.test_ids if t not in run.outcomes]
     if run.timed_out and base.wall_s * 3 >= timeout:
@@ -350,7 +261,7 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                             f"{base.wall_s:.1f}s: cannot tell a slow verifier from a slow solution")
     if run.timed_out:
         state, reason = "fail", f"tests timed out after {timeout:.0f}s (reference: {base.wall_s:.1f}s)"
-    elif run.forged:
+    elif run.forged or run.broken or run.status == harness.CHANNEL_EXIT:
         state, reason = "fail", "test report tampered with"
     elif not run.finished:
         state, reason = "fail", (f"the test session ended before reporting (exit {run.exit_code}"
