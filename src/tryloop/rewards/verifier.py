@@ -6,14 +6,18 @@
 2. The agent's diff is applied, except on protected paths (tests, conftest, test
    configuration, site hooks): those stay pristine, i.e. they are restored.
 3. The hidden tests are laid over it, byte for byte as hashed into the version.
-4. The tests run with the verifier's interpreter (absolute path, `-P`: nothing
-   in the workspace is importable until pytest and the plugin are loaded, so it
-   cannot stand in for the test framework), no user site, no inherited PYTHONPATH.
-5. Per-test results are streamed by tryloop's pytest plugin as records
-   authenticated with a per-run key. The key reaches the plugin through stdin,
-   which is read and closed before any code under test is imported, so it is in
-   no file and no environment variable. A record the agent's code writes or
-   alters fails authentication and the run is judged tampered with.
+4. The tests run in two processes (tryloop.rewards.harness): a supervisor that
+   holds the per-run key (from stdin; never in a file, the environment or the
+   test process) and a test process that installs an audit hook, then imports
+   pytest with the verifier's interpreter (absolute path, `-P`: no workspace
+   file can stand in for pytest), then the code under test.
+5. The test process writes per-test outcomes and runtime evidence (hidden-test
+   reads, frame and heap introspection, code rewrites, native access, built
+   code, attributed to the agent's files) to a pipe; the supervisor signs them.
+   A record not signed by the supervisor is forged; a replaced channel ends the
+   run. Signed records are as true as the test process: code under test that
+   lies to pytest without an audited operation is left to the static
+   detectors (docs/rewards.md, "What is guaranteed, and what is not").
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
