@@ -232,6 +232,9 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     traj.reward_version = verdict.version
     if verdict.meta.get("masked"):
         traj.meta["masked"] = True
+    if traj.flags:  # what the one flag policy (the reward spec's) did, for training's counts
+        traj.meta["flag_action"] = verdict.meta.get("flag_action", "record")
+        traj.meta["flag_by"] = verdict.meta.get("flag_by")
     traj.times = {"model": model_s, "env": env_s, "verify": verify_s, "episode": episode_s,
                   "total": time.perf_counter() - t_start,
                   "tests_in_verify": float(verdict.meta.get("test_wall_s", 0.0))}

@@ -290,7 +290,10 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
 
 
 def _apply_flag_policy(spec: RewardSpec, verdict: Verdict, total: float) -> None:
+    """The flag policy, applied once: here. Training takes the reward and the mask as they are."""
     actions = [spec.action_for(f.kind, f.severity) for f in verdict.flags]
+    worst, by = spec.worst_action(verdict.flags)
+    verdict.meta["flag_action"], verdict.meta["flag_by"] = worst, by
     if "mask" in actions:
         verdict.meta["masked"] = True
     if "zero" in actions:
