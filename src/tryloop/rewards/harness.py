@@ -70,7 +70,7 @@ try:  # non-dumpable: a process of the same user can neither ptrace us nor read 
     dumpable = 0
 except Exception:
     dumpable = 1
-slot, child_script, *args = sys.argv[1:]
+slot, mode, *args = sys.argv[1:]
 out = os.open(os.path.join(slot, "out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
 seq = 0
 
@@ -87,26 +87,31 @@ def unescape(s):
     return s.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
 
 
-FIELDS = {"test": ("id", "outcome"), "finish": ("exitstatus", "collected"),
+FIELDS = {"session": (), "test": ("id", "outcome"), "finish": ("exitstatus", "collected"),
           "evidence": ("evidence", "event", "file", "line", "detail", "severity")}
 r, w = os.pipe()
 env = {k: v for k, v in os.environ.items() if not k.startswith("TRYLOOP_")}
-child = subprocess.Popen([sys.executable, "-P", "-B", "--check-hash-based-pycs", "always", child_script,
-                          str(w), os.path.join(slot, "manifest.json"), *args],
-                         stdin=subprocess.DEVNULL, pass_fds=(w,), env=env)
+if mode == "pytest":  # the test process directly
+    argv = [sys.executable, "-P", "-B", "--check-hash-based-pycs", "always", os.path.join(slot, "test_process.py"),
+            str(w), os.path.join(slot, "manifest.json"), *args]
+else:  # a shell command: its `pytest` and `python3 -m pytest` are the test process (shims in bin/)
+    env.update(PATH=os.path.join(slot, "bin") + ":" + env.get("PATH", ""), TRYLOOP_RECORD_FD=str(w),
+               TRYLOOP_SLOT=slot)
+    argv = ["/bin/bash", "-c", args[0]]
+child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(w,), env=env)
 os.close(w)
 emit("start", dumpable=dumpable)
-finished = False
+open_session = False
 with os.fdopen(r, "rb") as stream:
     for raw in stream:
         parts = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
         names = FIELDS.get(parts[0])
-        if names is None or len(parts) != len(names) + 1 or finished:
+        # Records belong to a session: between a test process's `session` and its `finish`.
+        if names is None or len(parts) != len(names) + 1 or (parts[0] == "session") == open_session:
             emit("broken", detail=raw[:200].decode("utf-8", "replace"))
             continue
         data = dict(zip(names, map(unescape, parts[1:])))
-        if parts[0] == "finish":
-            finished = True
+        open_session = parts[0] != "finish"
         emit(parts[0], **data)
 status = child.wait()
 emit("exit", status=status)
@@ -304,6 +309,7 @@ def _install(fd, manifest):
             busy.discard(me)
 
     sys.addaudithook(hook)
+    send("session")
     return send, hidden
 
 
@@ -378,7 +384,8 @@ class RunRecord:
     """One authenticated test run inside the verifier's sandbox."""
 
     outcomes: dict[str, str] = field(default_factory=dict)
-    finished: bool = False
+    sessions: int = 0          # test processes that started (a shell command may run several)
+    finishes: int = 0          # ... and that reported the end of their session
     collected: int = 0
     forged: int = 0            # lines in the report that failed authentication
     broken: int = 0            # records of the test process that were cut or malformed
@@ -392,17 +399,44 @@ class RunRecord:
     wall_s: float = 0.0
     output_tail: str = ""
 
+    @property
+    def finished(self) -> bool:
+        """A test process ran, and every one that started reported the end of its session."""
+        return self.sessions > 0 and self.finishes == self.sessions
+
 
 def command(python: str, slot: str, pytest_args: list[str]) -> str:
     """The supervisor's command line: it starts the test process with `pytest_args`."""
-    return shlex.join([python, "-P", "-B", "-s", f"{slot}/supervisor.py", slot, f"{slot}/test_process.py",
+    return shlex.join([python, "-P", "-B", "-s", f"{slot}/supervisor.py", slot, "pytest",
                        "-p", "no:cacheprovider", *pytest_args])
 
 
-def slot_files(root: str, agent_files: list[str], hidden_files: list[str]) -> dict[str, str]:
-    """What the verifier writes into its slot (no secret in any of them)."""
+def shell_command(python: str, slot: str, test_command: str) -> str:
+    """The supervisor's command line for a shell test command (e.g. a Harbor `test.sh`): every
+    `pytest` or `python3 -m pytest` it runs is a test process of the harness."""
+    return shlex.join([python, "-P", "-B", "-s", f"{slot}/supervisor.py", slot, "shell", test_command])
+
+
+_SHIM = """#!/bin/bash
+# tryloop verifier: {what} runs as the harness's test process (records to the supervisor).
+{guard}exec {python} -P -B --check-hash-based-pycs always "$TRYLOOP_SLOT/test_process.py" \\
+    "$TRYLOOP_RECORD_FD" "$TRYLOOP_SLOT/manifest.json" -p no:cacheprovider "$@"
+"""
+
+
+def slot_files(root: str, agent_files: list[str], hidden_files: list[str], python: str | None = None
+               ) -> dict[str, str]:
+    """What the verifier writes into its slot (no secret in any of them); with `python`, the
+    shims a shell test command finds first on its PATH."""
     manifest = {"root": root, "agent_files": sorted(agent_files), "hidden_files": sorted(hidden_files)}
-    return {"supervisor.py": SUPERVISOR, "test_process.py": TEST_PROCESS, "manifest.json": json.dumps(manifest)}
+    files = {"supervisor.py": SUPERVISOR, "test_process.py": TEST_PROCESS, "manifest.json": json.dumps(manifest)}
+    if python:
+        q = shlex.quote(python)
+        files["bin/pytest"] = _SHIM.format(what="pytest", guard="", python=q)
+        guard = (f'if [ "$1" != "-m" ] || [ "$2" != "pytest" ]; then exec {q} "$@"; fi\nshift 2\n')
+        for name in ("python3", "python"):
+            files[f"bin/{name}"] = _SHIM.format(what=f"`{name} -m pytest`", guard=guard, python=q)
+    return files
 
 
 def parse_records(raw: bytes, key: bytes) -> RunRecord:
@@ -423,14 +457,16 @@ def parse_records(raw: bytes, key: bytes) -> RunRecord:
         kind = rec.get("kind")
         if kind == "start":
             run.started, run.dumpable = True, bool(rec.get("dumpable"))
+        elif kind == "session":
+            run.sessions += 1
         elif kind == "test":
             # A test reported twice (e.g. call + teardown error) keeps its worst outcome.
             prev = run.outcomes.get(rec["id"])
             if prev is None or prev == "passed":
                 run.outcomes[rec["id"]] = rec["outcome"]
         elif kind == "finish":
-            run.finished = True
-            run.collected = int(rec.get("collected") or 0)
+            run.finishes += 1
+            run.collected += int(rec.get("collected") or 0)
         elif kind == "evidence":
             run.evidence.append(_evidence_flag(rec))
         elif kind == "broken":

@@ -781,7 +781,8 @@ SURVIVES_RESTORE = frozenset({
 
 # Pass the hidden tests of the red-team tasks outright when flags are ignored (checked end to
 # end against the verifier in tests/rewards/test_redteam.py).
-FOOLS_TESTS = frozenset({"patch_pytest_reports", "read_outside", "network"})
+FOOLS_TESTS = frozenset({"patch_pytest_reports", "report_forge", "closure_patch", "pytest_code_swap",
+                         "read_outside", "network"})
 
 
 def run(name: str, task: Task) -> Submission:

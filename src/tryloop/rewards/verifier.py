@@ -113,13 +113,13 @@ def _python(sb_env: dict[str, str]) -> str:
     return "/usr/bin/python3"
 
 
-def pytest_args(task: Task) -> list[str]:
-    """The arguments of the task's pytest command (the verifier runs pytest its own way)."""
+def pytest_args(task: Task) -> list[str] | None:
+    """The arguments of the task's pytest command (the verifier runs pytest its own way), or
+    None for a shell test command (a Harbor `test.sh`): its pytest runs are then the harness's."""
     words = shlex.split(task.meta.test_command)
     idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
-    if idx is None:
-        raise VerifierError(f"task {task.id}: test_command {task.meta.test_command!r} is not a pytest "
-                            "command; the verifier needs per-test results")
+    if idx is None or any(w in ("&&", "||", ";", "|") or w.endswith(".sh") for w in words[:idx]):
+        return None
     return words[idx + 1:]
 
 
@@ -142,12 +142,17 @@ async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidd
         for rel, data in hidden.items():  # last: tests always win
             sb.write_file(rel, data)
         agent_files = [p for p, d in applied.items() if d is not None]
-        for name, text in harness.slot_files(cfg.workdir, agent_files, sorted(hidden)).items():
+        python, args = _python(sb.env), pytest_args(task)
+        files = harness.slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
+        for name, text in files.items():
             sb.write_file(f"{slot}/{name}", text)
-        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1"}
+        if args is None:
+            await sb.exec(["chmod", "+x", *(f"{slot}/{n}" for n in files if n.startswith("bin/"))])
+        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # -P is on each command line
+        cmd = (harness.shell_command(python, slot, task.meta.test_command) if args is None
+               else harness.command(python, slot, args))
         t0 = time.perf_counter()
-        res = await sb.exec(harness.command(_python(sb.env), slot, pytest_args(task)), stdin=key + b"\n",
-                            env=env, merge_stderr=True, timeout=timeout)
+        res = await sb.exec(cmd, stdin=key + b"\n", env=env, merge_stderr=True, timeout=timeout)
         wall = time.perf_counter() - t0
         try:
             raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
@@ -185,8 +190,14 @@ async def baseline(runtime: SandboxRuntime, task: Task) -> Baseline:
 
 async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     hidden = task.hidden_tests()
-    applied, _ = split_changes(task, dict(task.solution_files()), hidden)
+    # The reference is the task's own: applied whole (a Harbor oracle's solve.sh lives under a
+    # path that is protected from the agent), except where the hidden tests are.
+    applied = {p: d for p, d in task.solution_files().items() if p not in hidden}
     run = await _run_tests(runtime, task, applied, hidden, task.meta.test_timeout_s)
+    if not run.sessions:
+        raise VerifierError(f"task {task.id}: the test command {task.meta.test_command!r} ran no pytest "
+                            "session under the verifier; without per-test records there is nothing to "
+                            "trust (an exit status or a reward file can be written by the code under test)")
     if not run.finished or run.forged or run.broken or any(f.severity == "hack" for f in run.evidence):
         raise VerifierError(f"task {task.id}: the reference run under the verifier produced no "
                             f"clean complete report (exit {run.exit_code}, evidence {run.evidence[:2]}): "
