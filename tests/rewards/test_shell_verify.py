@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tryloop.rewards.harness import pytest_args
 from tryloop.rewards.submission import Submission
-from tryloop.rewards.verifier import pytest_args, verify
+from tryloop.rewards.verifier import verify
 from tryloop.tasks.model import Task
 from tryloop.tasks.sources.harbor import HARBOR_LOGS, import_harbor
 

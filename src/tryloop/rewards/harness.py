@@ -36,11 +36,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import secrets
 import shlex
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from tryloop.rewards.verdict import Flag
-from tryloop.tasks.testrun import OUTCOME_SOURCE
+from tryloop.errors import SandboxError, TryloopError
+from tryloop.rewards.verdict import Changes, Flag
+from tryloop.sandbox import SandboxRuntime, Snapshot
+from tryloop.tasks.model import Task
+from tryloop.tasks.testrun import OUTCOME_SOURCE, sandbox_config_for, task_snapshot
 
 HIDDEN_TEST_READ = "hidden_test_read"
 FRAME_ACCESS = "frame_access"
@@ -379,6 +385,10 @@ _main()
 TEST_PROCESS = TEST_PROCESS.replace("@CHANNEL_EXIT@", str(CHANNEL_EXIT))
 
 
+class HarnessError(TryloopError):
+    """The harness could not set up the run (not the code under test's doing)."""
+
+
 @dataclass
 class RunRecord:
     """One authenticated test run inside the verifier's sandbox."""
@@ -487,3 +497,66 @@ def _evidence_flag(rec: dict) -> Flag:
     return Flag(kind, f"while the tests ran, the code under test {what}: {rec.get('detail', '')} "
                       f"({rec.get('event', '')})", file=rec.get("file") or None, line=line,
                 severity=severity)  # type: ignore[arg-type]
+
+
+def _python(sb_env: dict[str, str]) -> str:
+    """The verifier's own interpreter: the image's first python3 on PATH, as an absolute path."""
+    for d in sb_env.get("PATH", "").split(":"):
+        candidate = Path(d) / "python3"
+        if d.startswith("/") and candidate.exists():  # binds keep host paths, so the host can check
+            return str(candidate)
+    return "/usr/bin/python3"
+
+
+def pytest_args(task: Task) -> list[str] | None:
+    """The arguments of the task's pytest command (the verifier runs pytest its own way), or
+    None for a shell test command (a Harbor `test.sh`): its pytest runs are then the harness's."""
+    words = shlex.split(task.meta.test_command)
+    idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
+    if idx is None or any(w in ("&&", "||", ";", "|") or w.endswith(".sh") for w in words[:idx]):
+        return None
+    return words[idx + 1:]
+
+
+async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
+              timeout: float, *, snapshot: Snapshot | None = None) -> RunRecord:
+    """Apply `applied` to a fresh sandbox of the task's pristine workspace, lay the hidden tests
+    over it and run the task's tests under the  The one way tryloop runs a task's tests
+    (the verifier, the quality gate, benchmarks)."""
+    cfg = sandbox_config_for(task)
+    snap = snapshot or task_snapshot(runtime, task, cfg)
+    key = secrets.token_hex(32).encode()
+    slot = f"/tmp/.v{secrets.token_hex(8)}"
+    async with await runtime.create(snap, cfg) as sb:
+        deleted = [p for p, d in applied.items() if d is None]
+        for rel, data in applied.items():
+            if data is not None:
+                sb.write_file(rel, data)
+        if deleted:
+            res = await sb.exec(["rm", "-rf", "--", *deleted])
+            if not res.ok:
+                raise HarnessError(f"could not apply deletions: {res.text('stderr')[:200]}")
+        for rel, data in hidden.items():  # last: tests always win
+            sb.write_file(rel, data)
+        agent_files = [p for p, d in applied.items() if d is not None]
+        python, args = _python(sb.env), pytest_args(task)
+        files = slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
+        for name, text in files.items():
+            sb.write_file(f"{slot}/{name}", text)
+        if args is None:
+            await sb.exec(["chmod", "+x", *(f"{slot}/{n}" for n in files if n.startswith("bin/"))])
+        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # -P is on each command line
+        cmd = (shell_command(python, slot, task.meta.test_command) if args is None
+               else command(python, slot, args))
+        t0 = time.perf_counter()
+        res = await sb.exec(cmd, stdin=key + b"\n", env=env, merge_stderr=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        try:
+            raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
+        except (FileNotFoundError, SandboxError, OSError):
+            raw = b""
+    run = parse_records(raw, key)
+    run.exit_code, run.timed_out, run.wall_s = res.exit_code, res.timed_out, wall
+    run.oom = bool(getattr(res, "oom_killed", False))
+    run.output_tail = res.text()[-3000:]
+    return run

@@ -29,29 +29,24 @@ cached beside the store: it says which tests exist and how long they take.
 from __future__ import annotations
 
 import base64
-import difflib
 import fnmatch
 import hashlib
 import json
 import logging
 import os
-import secrets
-import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
 from tryloop.rewards import harness, rules
-from tryloop.rewards.harness import RunRecord, parse_records
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verdict import Changes, Flag, Verdict
 from tryloop.rewards.version import code_version, reward_version, spec_version
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import sandbox_config_for, task_snapshot
+from tryloop.tasks.testrun import sandbox_config_for
 
 log = logging.getLogger(__name__)
 
@@ -104,67 +99,6 @@ def split_changes(task: Task, changes: Changes, hidden: dict[str, bytes]) -> tup
     return applied, refused
 
 
-def _python(sb_env: dict[str, str]) -> str:
-    """The verifier's own interpreter: the image's first python3 on PATH, as an absolute path."""
-    for d in sb_env.get("PATH", "").split(":"):
-        candidate = Path(d) / "python3"
-        if d.startswith("/") and candidate.exists():  # binds keep host paths, so the host can check
-            return str(candidate)
-    return "/usr/bin/python3"
-
-
-def pytest_args(task: Task) -> list[str] | None:
-    """The arguments of the task's pytest command (the verifier runs pytest its own way), or
-    None for a shell test command (a Harbor `test.sh`): its pytest runs are then the harness's."""
-    words = shlex.split(task.meta.test_command)
-    idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
-    if idx is None or any(w in ("&&", "||", ";", "|") or w.endswith(".sh") for w in words[:idx]):
-        return None
-    return words[idx + 1:]
-
-
-async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
-                     timeout: float) -> RunRecord:
-    """Apply `applied` to a pristine sandbox, lay the hidden tests over it, run them."""
-    cfg = sandbox_config_for(task)
-    snap = task_snapshot(runtime, task, cfg)
-    key = secrets.token_hex(32).encode()
-    slot = f"/tmp/.v{secrets.token_hex(8)}"
-    async with await runtime.create(snap, cfg) as sb:
-        deleted = [p for p, d in applied.items() if d is None]
-        for rel, data in applied.items():
-            if data is not None:
-                sb.write_file(rel, data)
-        if deleted:
-            res = await sb.exec(["rm", "-rf", "--", *deleted])
-            if not res.ok:
-                raise VerifierError(f"could not apply deletions: {res.text('stderr')[:200]}")
-        for rel, data in hidden.items():  # last: tests always win
-            sb.write_file(rel, data)
-        agent_files = [p for p, d in applied.items() if d is not None]
-        python, args = _python(sb.env), pytest_args(task)
-        files = harness.slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
-        for name, text in files.items():
-            sb.write_file(f"{slot}/{name}", text)
-        if args is None:
-            await sb.exec(["chmod", "+x", *(f"{slot}/{n}" for n in files if n.startswith("bin/"))])
-        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # -P is on each command line
-        cmd = (harness.shell_command(python, slot, task.meta.test_command) if args is None
-               else harness.command(python, slot, args))
-        t0 = time.perf_counter()
-        res = await sb.exec(cmd, stdin=key + b"\n", env=env, merge_stderr=True, timeout=timeout)
-        wall = time.perf_counter() - t0
-        try:
-            raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
-        except (FileNotFoundError, SandboxError, OSError):
-            raw = b""
-    run = parse_records(raw, key)
-    run.exit_code, run.timed_out, run.wall_s = res.exit_code, res.timed_out, wall
-    run.oom = bool(getattr(res, "oom_killed", False))
-    run.output_tail = res.text()[-3000:]
-    return run
-
-
 _baselines: dict[str, Baseline] = {}
 
 
@@ -193,7 +127,7 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     # The reference is the task's own: applied whole (a Harbor oracle's solve.sh lives under a
     # path that is protected from the agent), except where the hidden tests are.
     applied = {p: d for p, d in task.solution_files().items() if p not in hidden}
-    run = await _run_tests(runtime, task, applied, hidden, task.meta.test_timeout_s)
+    run = await harness.run(runtime, task, applied, hidden, task.meta.test_timeout_s)
     if not run.sessions:
         raise VerifierError(f"task {task.id}: the test command {task.meta.test_command!r} ran no pytest "
                             "session under the verifier; without per-test records there is nothing to "
@@ -212,16 +146,6 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     return b
 
 
-def changed_lines(pristine: dict[str, bytes], changes: Changes) -> int:
-    n = 0
-    for path, data in changes.items():
-        old = pristine.get(path, b"").decode(errors="replace").splitlines()
-        new = (data or b"").decode(errors="replace").splitlines()
-        n += sum(1 for line in difflib.unified_diff(old, new, lineterm="", n=0)
-                 if line[:1] in "+-" and not line.startswith(("+++", "---")))
-    return n
-
-
 async def verify(runtime: SandboxRuntime, task: Task, sub: Submission, spec: RewardSpec | None = None,
                  *, image_id: str | None = None) -> Verdict:
     """Judge `sub` on `task`. Never raises for the agent's doing; our own faults are no-verdicts."""
@@ -233,7 +157,7 @@ async def verify(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                       task_id=task.id, task_fingerprint=task.fingerprint(), meta={"spec_version": spec_ver})
     try:
         await _judge(runtime, task, sub, spec, verdict)
-    except (TimeoutError, SandboxError, VerifierError, rules.JudgeUnavailable, OSError) as e:
+    except (TimeoutError, SandboxError, VerifierError, harness.HarnessError, rules.JudgeUnavailable, OSError) as e:
         verdict.state, verdict.reward = "no_verdict", None
         verdict.reason = f"verifier fault: {type(e).__name__}: {e}"
     except Exception as e:  # a bug of ours is still not the agent's fault: no score
@@ -256,7 +180,7 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     verdict.meta["restored"] = refused
     base = await baseline(runtime, task)
     timeout = spec.timeout_s or task.meta.test_timeout_s
-    run = await _run_tests(runtime, task, applied, hidden, timeout)
+    run = await harness.run(runtime, task, applied, hidden, timeout)
     verdict.outcomes = run.outcomes
     verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
                         collected=run.collected)
