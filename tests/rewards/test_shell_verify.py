@@ -74,3 +74,12 @@ async def test_a_shell_command_without_pytest_is_no_verdict(runtime, harbor_task
                                                            f"echo 1 > {HARBOR_LOGS}/verifier/reward.txt"})
     v = await verify(runtime, task, Submission(changes=dict(task.solution_files())))
     assert v.state == "no_verdict" and "ran no pytest session" in v.reason
+
+
+async def test_an_imported_harbor_task_passes_the_quality_gate(runtime, harbor_task):
+    from tryloop.tasks.gate import GateConfig, validate
+
+    res = await validate(runtime, harbor_task, GateConfig(k=2))
+    assert res.accepted, res
+    assert res.fail_to_pass == [".harbor-tests/check_outputs.py::test_edges",
+                                ".harbor-tests/check_outputs.py::test_examples_file"]

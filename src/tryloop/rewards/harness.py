@@ -345,22 +345,15 @@ def _plugin(send, hidden, outcome_of):
 
     class Plugin:
         def pytest_collection_finish(self, session):
-            # Collected: the hidden test modules are imported. From now on their files are gone
-            # and their modules are no longer reachable by name.
+            # Collected: the hidden test modules are imported and pytest holds them. From now on
+            # their files are gone and they are no longer reachable by name. Packages, conftests
+            # and helpers stay: pytest may import them again (their opens remain refused to the
+            # agent's code by the audit hook).
             modules = {id(item.module): item.module for item in session.items if hasattr(item, "module")}
             for name, mod in list(sys.modules.items()):
-                if id(mod) in modules and getattr(mod, "__file__", None) in hidden:
+                path = getattr(mod, "__file__", None)
+                if id(mod) in modules and path in hidden and not path.endswith(("/__init__.py", "/conftest.py")):
                     del sys.modules[name]
-            for name, mod in list(sys.modules.items()):
-                path = getattr(mod, "__file__", None)
-                if path in hidden:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
-            for mod in modules.values():
-                path = getattr(mod, "__file__", None)
-                if path in hidden:
                     try:
                         os.unlink(path)
                     except OSError:
