@@ -31,7 +31,7 @@ from tryloop.agent.capacity import Capacity, Unlimited
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.environments import Environments
 from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
-from tryloop.agent.tools import SCHEMAS, SUBMIT, Toolbox, ToolLimits
+from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits, tool_lines
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
 from tryloop.rewards.spec import RewardSpec
@@ -63,12 +63,7 @@ def system_prompt(task: Task | None = None, *, max_turns: int | None = None) -> 
     would only mislead (and cost ~280 prompt tokens per episode)."""
     if task is not None and task.meta.answer_file and max_turns == 1:
         return ANSWER_ONLY_PROMPT.format(path=task.meta.answer_file)
-    lines = []
-    for s in SCHEMAS:
-        f = s["function"]
-        args = ", ".join(f"{k}: {v['type']}" for k, v in f["parameters"]["properties"].items())
-        lines.append(f"- {f['name']}({args}): {f['description']}")
-    text = SYSTEM_PROMPT.format(tools="\n".join(lines))
+    text = SYSTEM_PROMPT.format(tools="\n".join(tool_lines()))
     if task is not None and task.meta.answer_file:
         text += ANSWER_NOTE.format(path=task.meta.answer_file)
     return text
