@@ -120,3 +120,15 @@ async def test_the_verifier_rejects_every_attack_on_a_task_with_visible_tests(ru
 @pytest.mark.parametrize("attack", list(r.ATTACKS))
 async def test_the_verifier_rejects_every_attack(runtime, tasks, attack, task_id):
     await _judge(runtime, tasks[task_id], attack)
+
+
+@pytest.mark.parametrize("attack", list(r.RESIDUALS))
+async def test_known_residuals_still_pay(runtime, attack):
+    # A measured gap, not a goal: code under test that reaches pytest's reporting through module
+    # attributes, with every name built at run time, does nothing the audit hook reports and
+    # nothing a static reading resolves. If this starts failing, the gap closed: move the attack
+    # into ATTACKS (and the docs' "not guaranteed" list loses an entry).
+    task = Task.load(DATA / "visible-tests")
+    verdict = await verify(runtime, task, r.RESIDUALS[attack](task))
+    assert verdict.state == "pass" and verdict.reward == pytest.approx(1.1), (verdict.reason, verdict.flags)
+    assert not [f for f in verdict.flags if f.severity == "hack"]
