@@ -75,7 +75,7 @@ async def test_ordinary_library_use_is_no_evidence_and_passes(runtime, fixture_t
     v = await verify(runtime, fixture_task, _with(fixture_task, suffix=_ORDINARY))
     assert v.state == "pass", (v.reason, v.flags)
     assert not _evidence(v), v.flags
-    assert v.meta["test_status"] == 0
+    assert v.meta["test_status"] == 0 and v.meta["supervisor_protected"] is True
 
 
 _KEY_HUNT = '''

@@ -183,7 +183,7 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     run = await harness.run(runtime, task, applied, hidden, timeout)
     verdict.outcomes = run.outcomes
     verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
-                        collected=run.collected)
+                        collected=run.collected, supervisor_protected=run.started and not run.dumpable)
 
     expected = task.meta.expected_tests or base.passing
     verdict.flags.extend(run.evidence)
