@@ -401,6 +401,7 @@ class RunRecord:
     oom: bool = False
     wall_s: float = 0.0
     output_tail: str = ""
+    read_back: bytes = b""     # the file `run(read_back=...)` asked for
 
     @property
     def finished(self) -> bool:
@@ -512,10 +513,11 @@ def pytest_args(task: Task) -> list[str] | None:
 
 
 async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
-              timeout: float, *, snapshot: Snapshot | None = None) -> RunRecord:
+              timeout: float, *, snapshot: Snapshot | None = None, read_back: str | None = None) -> RunRecord:
     """Apply `applied` to a fresh sandbox of the task's pristine workspace, lay the hidden tests
-    over it and run the task's tests under the  The one way tryloop runs a task's tests
-    (the verifier, the quality gate, benchmarks)."""
+    over it and run the task's tests under the harness. The one way tryloop runs a task's tests
+    (the verifier, the quality gate, benchmarks). `read_back`: a file of the sandbox whose bytes
+    come back in `RunRecord.read_back` (b"" when it is not there)."""
     cfg = sandbox_config_for(task)
     snap = snapshot or task_snapshot(runtime, task, cfg)
     key = secrets.token_hex(32).encode()
@@ -548,7 +550,14 @@ async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dic
             raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
         except (FileNotFoundError, SandboxError, OSError):
             raw = b""
+        back = b""
+        if read_back:
+            try:
+                back = sb.read_file(read_back, max_bytes=16 << 20)
+            except (FileNotFoundError, SandboxError, OSError):
+                back = b""
     run = parse_records(raw, key)
+    run.read_back = back
     run.exit_code, run.timed_out, run.wall_s = res.exit_code, res.timed_out, wall
     run.oom = bool(getattr(res, "oom_killed", False))
     run.output_tail = res.text()[-3000:]

@@ -40,6 +40,8 @@ from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
 from tryloop.rewards import harness, rules
+from tryloop.rewards.harness import RunRecord
+from tryloop.rewards.host_check import host_check
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verdict import Changes, Flag, Verdict
@@ -99,6 +101,23 @@ def split_changes(task: Task, changes: Changes, hidden: dict[str, bytes]) -> tup
     return applied, refused
 
 
+async def _run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
+               timeout: float) -> RunRecord:
+    """The harness's run; a function task's outputs are compared on the host (host_check): its
+    hidden test's expected values never enter the sandbox."""
+    check = host_check(task)
+    if check is None:
+        return await harness.run(runtime, task, applied, hidden, timeout)
+    run = await harness.run(runtime, task, applied, check.hidden(), timeout, read_back=check.outputs_path)
+    check.judge(run)
+    return run
+
+
+def _listed_tests(task: Task) -> list[str]:
+    """The task's own list of expected tests; a host-checked task's tests are the probe's."""
+    return [] if host_check(task) is not None else task.meta.expected_tests
+
+
 _baselines: dict[str, Baseline] = {}
 
 
@@ -127,7 +146,7 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     # The reference is the task's own: applied whole (a Harbor oracle's solve.sh lives under a
     # path that is protected from the agent), except where the hidden tests are.
     applied = {p: d for p, d in task.solution_files().items() if p not in hidden}
-    run = await harness.run(runtime, task, applied, hidden, task.meta.test_timeout_s)
+    run = await _run(runtime, task, applied, hidden, task.meta.test_timeout_s)
     if not run.sessions:
         raise VerifierError(f"task {task.id}: the test command {task.meta.test_command!r} ran no pytest "
                             "session under the verifier; without per-test records there is nothing to "
@@ -140,7 +159,7 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     if not b.passing:
         raise VerifierError(f"task {task.id}: no test passes with the reference solution under the "
                             f"verifier (exit {run.exit_code}): {run.output_tail[-300:]}")
-    missing = [t for t in task.meta.expected_tests if t not in b.passing]
+    missing = [t for t in _listed_tests(task) if t not in b.passing]
     if missing:
         raise VerifierError(f"task {task.id}: the reference solution does not pass {missing[:3]} under the verifier")
     return b
@@ -180,12 +199,13 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     verdict.meta["restored"] = refused
     base = await baseline(runtime, task)
     timeout = spec.timeout_s or task.meta.test_timeout_s
-    run = await harness.run(runtime, task, applied, hidden, timeout)
+    run = await _run(runtime, task, applied, hidden, timeout)
     verdict.outcomes = run.outcomes
+    verdict.meta["host_check"] = host_check(task) is not None
     verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
                         collected=run.collected, supervisor_protected=run.started and not run.dumpable)
 
-    expected = task.meta.expected_tests or base.passing
+    expected = _listed_tests(task) or base.passing
     verdict.flags.extend(run.evidence)
     if run.forged:
         verdict.flags.append(Flag(REPORT_FORGED, f"{run.forged} test record(s) failed authentication: "
