@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tryloop.rewards import harness
 from tryloop.rewards.gold import (
     GateBlocked,
     GateRecords,
@@ -17,6 +16,7 @@ from tryloop.rewards.gold import (
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.verdict import Verdict
 from tryloop.rewards.verifier import encode_changes
+from tryloop.tasks import harness
 
 
 async def trusts_the_exit_code(runtime, task, sub, spec) -> Verdict:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tryloop.rewards import harness as h
-from tryloop.rewards.harness import parse_records
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import verify
+from tryloop.tasks import harness as h
+from tryloop.tasks.harness import parse_records
 from tryloop.tasks.model import Task
 
 DATA = Path(__file__).parent / "data"

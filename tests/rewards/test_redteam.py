@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tryloop.rewards import detectors as d
-from tryloop.rewards import harness as h
 from tryloop.rewards import redteam as r
 from tryloop.rewards.detectors import detect
 from tryloop.rewards.verifier import verify
+from tryloop.tasks import harness as h
 from tryloop.tasks.model import Task, TaskMeta
 
 DATA = Path(__file__).parent / "data"

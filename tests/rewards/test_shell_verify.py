@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tryloop.rewards.harness import pytest_args
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import verify
+from tryloop.tasks.harness import pytest_args
 from tryloop.tasks.model import Task
 from tryloop.tasks.sources.harbor import HARBOR_LOGS, import_harbor
 

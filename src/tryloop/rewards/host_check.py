@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from tryloop.rewards.harness import RunRecord
+from tryloop.tasks.harness import RunRecord
 from tryloop.tasks.model import Task
 
 PROBE_TEST = "test_output"

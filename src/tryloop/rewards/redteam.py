@@ -29,8 +29,8 @@ from pathlib import Path
 
 from tryloop.errors import TryloopError
 from tryloop.rewards import detectors as d
-from tryloop.rewards import harness as h
 from tryloop.rewards.submission import Submission
+from tryloop.tasks import harness as h
 from tryloop.tasks.model import Task
 
 Attack = Callable[[Task], Submission]

@@ -6,7 +6,7 @@
 2. The agent's diff is applied, except on protected paths (tests, conftest, test
    configuration, site hooks): those stay pristine, i.e. they are restored.
 3. The hidden tests are laid over it, byte for byte as hashed into the version.
-4. The tests run in two processes (tryloop.rewards.harness): a supervisor that
+4. The tests run in two processes (tryloop.tasks.harness): a supervisor that
    holds the per-run key (from stdin; never in a file, the environment or the
    test process) and a test process that installs an audit hook, then imports
    pytest with the verifier's interpreter (absolute path, `-P`: no workspace
@@ -39,14 +39,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.rewards import harness, rules
-from tryloop.rewards.harness import RunRecord
+from tryloop.rewards import rules
 from tryloop.rewards.host_check import host_check
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verdict import Changes, Flag, Verdict
 from tryloop.rewards.version import code_version, reward_version, spec_version
 from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks import harness
+from tryloop.tasks.harness import Evidence, RunRecord
 from tryloop.tasks.model import Task
 from tryloop.tasks.testrun import sandbox_config_for
 
@@ -113,6 +114,12 @@ async def _run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: di
     return run
 
 
+def evidence_flag(e: Evidence) -> Flag:
+    """A piece of the harness's runtime evidence as a reward-hack flag."""
+    return Flag(e.kind, f"while the tests ran, the code under test {e.what}: {e.detail} ({e.event})",
+                file=e.file, line=e.line, severity=e.severity)  # type: ignore[arg-type]
+
+
 def _listed_tests(task: Task) -> list[str]:
     """The task's own list of expected tests; a host-checked task's tests are the probe's."""
     return [] if host_check(task) is not None else task.meta.expected_tests
@@ -151,7 +158,7 @@ async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
         raise VerifierError(f"task {task.id}: the test command {task.meta.test_command!r} ran no pytest "
                             "session under the verifier; without per-test records there is nothing to "
                             "trust (an exit status or a reward file can be written by the code under test)")
-    if not run.finished or run.forged or run.broken or any(f.severity == "hack" for f in run.evidence):
+    if not run.finished or run.forged or run.broken or any(e.severity == "hack" for e in run.evidence):
         raise VerifierError(f"task {task.id}: the reference run under the verifier produced no "
                             f"clean complete report (exit {run.exit_code}, evidence {run.evidence[:2]}): "
                             f"{run.output_tail[-300:]}")
@@ -206,7 +213,7 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                         collected=run.collected, supervisor_protected=run.started and not run.dumpable)
 
     expected = _listed_tests(task) or base.passing
-    verdict.flags.extend(run.evidence)
+    verdict.flags.extend(evidence_flag(e) for e in run.evidence)
     if run.forged:
         verdict.flags.append(Flag(REPORT_FORGED, f"{run.forged} test record(s) failed authentication: "
                                   "the code under test wrote to the verifier's report"))

@@ -7,7 +7,7 @@ matter, for three reasons:
 1. Some hacks survive restoring. Code under test shares the test process with
    pytest: it can patch pytest, return objects that compare equal to anything,
    or hard-code answers copied from leaked tests. The harness's runtime
-   evidence (tryloop.rewards.harness) sees what it does through audited
+   evidence (tryloop.tasks.harness) sees what it does through audited
    operations; these detectors see what it writes, including plain attribute
    patches no audit event reports.
 2. An attempt is a signal in itself: a policy that edits tests should not be

@@ -36,7 +36,7 @@ which has the host's Python environment instead; COPY --from and COPYs outside
 the WORKDIR are not reproduced; paths built at run time escape the rewrite;
 docker-compose environments are not supported. The verifier and the quality
 gate judge such a task by the per-test records of the pytest runs inside
-test.sh (tryloop.rewards.harness): the reward file and the exit status are not
+test.sh (tryloop.tasks.harness): the reward file and the exit status are not
 trusted, and a test.sh that runs no pytest cannot be judged.
 """
 

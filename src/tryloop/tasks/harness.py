@@ -1,4 +1,7 @@
-"""The verifier's test harness inside the sandbox: two processes, and runtime evidence.
+"""How tryloop runs a task's tests: two processes in the sandbox, and runtime evidence.
+
+The verifier (tryloop.rewards.verifier) and the quality gate (tryloop.tasks.gate,
+through tryloop.tasks.testrun) both run tests this way.
 
     supervisor (holds the key; never imports pytest or workspace code)
       └─ test process: audit hook first, then pytest, then the code under test
@@ -42,11 +45,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tryloop.config import SandboxConfig, SandboxLimits
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.rewards.verdict import Changes, Flag
 from tryloop.sandbox import SandboxRuntime, Snapshot
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import OUTCOME_SOURCE, sandbox_config_for, task_snapshot
 
 HIDDEN_TEST_READ = "hidden_test_read"
 FRAME_ACCESS = "frame_access"
@@ -61,6 +63,31 @@ EVIDENCE_KINDS = {HIDDEN_TEST_READ: "read a hidden test", FRAME_ACCESS: "took a 
                   NATIVE_ACCESS: "used native memory access", DYNAMIC_CODE: "ran code built at run time"}
 CHANNEL_BROKEN = "channel_broken"  # the test process's record stream was cut or malformed
 CHANNEL_EXIT = 86  # the test process's status when its audit hook finds the record channel replaced
+
+# How a pytest report decides a test's outcome (source for the harness's test process).
+OUTCOME_SOURCE = '''
+def _outcome(report):
+    """The test's outcome if this report decides it, else None."""
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if hasattr(report, "wasxfail"):
+            return "xfailed" if report.skipped else "xpassed"
+        if report.failed:
+            return "failed" if report.when == "call" else "error"
+        return report.outcome
+    if report.when == "teardown" and report.failed:
+        return "error"
+    return None
+'''
+
+
+def task_snapshot(runtime: SandboxRuntime, task: Task, config: SandboxConfig | None = None) -> Snapshot:
+    """The snapshot an agent starts from: the workspace layer on the image (cached by content)."""
+    return runtime.workspace_snapshot(task.workspace_dir, config=config)
+
+
+def sandbox_config_for(task: Task) -> SandboxConfig:
+    return SandboxConfig(network=task.meta.network, limits=SandboxLimits(
+        memory_mb=task.meta.memory_mb, cpus=task.meta.cpus, exec_timeout_s=task.meta.test_timeout_s))
 
 SUPERVISOR = r'''
 """tryloop verifier supervisor: holds the run key; relays and signs the test process's records."""
@@ -378,6 +405,25 @@ _main()
 TEST_PROCESS = TEST_PROCESS.replace("@CHANNEL_EXIT@", str(CHANNEL_EXIT))
 
 
+Changes = dict[str, bytes | None]  # workspace-relative path -> new content, None = deleted
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of runtime evidence, as the test process reported it."""
+
+    kind: str                  # one of EVIDENCE_KINDS (or "hook_error")
+    event: str                 # the audit event
+    file: str | None           # the agent's file, relative to the workspace
+    line: int | None
+    detail: str
+    severity: str              # "hack", "suspicious" or "info"
+
+    @property
+    def what(self) -> str:
+        return EVIDENCE_KINDS.get(self.kind, self.kind)
+
+
 class HarnessError(TryloopError):
     """The harness could not set up the run (not the code under test's doing)."""
 
@@ -392,7 +438,7 @@ class RunRecord:
     collected: int = 0
     forged: int = 0            # lines in the report that failed authentication
     broken: int = 0            # records of the test process that were cut or malformed
-    evidence: list[Flag] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
     started: bool = False      # the supervisor ran
     dumpable: bool = True      # the supervisor could not make itself non-dumpable
     status: int | None = None  # the test process's exit status, as the supervisor saw it
@@ -472,7 +518,7 @@ def parse_records(raw: bytes, key: bytes) -> RunRecord:
             run.finishes += 1
             run.collected += int(rec.get("collected") or 0)
         elif kind == "evidence":
-            run.evidence.append(_evidence_flag(rec))
+            run.evidence.append(_evidence(rec))
         elif kind == "broken":
             run.broken += 1
         elif kind == "exit":
@@ -480,17 +526,14 @@ def parse_records(raw: bytes, key: bytes) -> RunRecord:
     return run
 
 
-def _evidence_flag(rec: dict) -> Flag:
-    kind = rec.get("evidence", "")
+def _evidence(rec: dict) -> Evidence:
     severity = rec.get("severity") if rec.get("severity") in ("info", "suspicious", "hack") else "hack"
     try:
         line = int(rec.get("line") or 0) or None
     except ValueError:
         line = None
-    what = EVIDENCE_KINDS.get(kind, kind)
-    return Flag(kind, f"while the tests ran, the code under test {what}: {rec.get('detail', '')} "
-                      f"({rec.get('event', '')})", file=rec.get("file") or None, line=line,
-                severity=severity)  # type: ignore[arg-type]
+    return Evidence(str(rec.get("evidence", "")), str(rec.get("event", "")), rec.get("file") or None, line,
+                    str(rec.get("detail", "")), severity)
 
 
 def _python(sb_env: dict[str, str]) -> str:
