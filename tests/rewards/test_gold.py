@@ -15,14 +15,15 @@ from tryloop.rewards.gold import (
 )
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.verdict import Verdict
-from tryloop.rewards.verifier import _run_tests, encode_changes
+from tryloop.rewards.verifier import encode_changes
+from tryloop.tasks import harness
 
 
 async def trusts_the_exit_code(runtime, task, sub, spec) -> Verdict:
     """A deliberately broken verifier: applies every change (protected paths too) and
     scores the test command's exit code."""
     files = {**task.hidden_tests(), **{k: v for k, v in sub.changes.items() if not k.startswith(("/", ".."))}}
-    run = await _run_tests(runtime, task, files, {}, task.meta.test_timeout_s)
+    run = await harness.run(runtime, task, files, {}, task.meta.test_timeout_s)
     ok = run.exit_code == 0
     return Verdict("pass" if ok else "fail", float(ok), task_id=task.id)
 

@@ -12,6 +12,8 @@ import pytest
 from tryloop.rewards import detectors as d
 from tryloop.rewards import redteam as r
 from tryloop.rewards.detectors import detect
+from tryloop.rewards.verifier import verify
+from tryloop.tasks import harness as h
 from tryloop.tasks.model import Task, TaskMeta
 
 DATA = Path(__file__).parent / "data"
@@ -27,10 +29,11 @@ def tasks(tmp_path_factory) -> dict[str, Task]:
 def test_the_registries_agree():
     assert set(r.ATTACKS) == set(r.EXPECTED_FLAGS)
     assert r.FOOLS_TESTS <= r.SURVIVES_RESTORE <= set(r.ATTACKS)
+    assert r.PREVENTED <= r.SURVIVES_RESTORE and not r.PREVENTED & r.FOOLS_TESTS
     assert r.EXPECTED_FLAGS["do_nothing"] == frozenset()
     for name, kinds in r.EXPECTED_FLAGS.items():
-        assert kinds <= set(d.DETECTORS), name
-        assert kinds or name == "do_nothing", name
+        assert kinds <= set(d.DETECTORS) | set(h.EVIDENCE_KINDS), name
+        assert kinds or name in {"do_nothing", *r.PREVENTED}, name
     with pytest.raises(KeyError, match="unknown attack"):
         r.run("no_such_attack", None)  # type: ignore[arg-type]
 
@@ -48,7 +51,7 @@ def test_every_attack_is_flagged_as_a_hack(tasks, attack, task_id):
     sub = r.run(attack, task)
     flags = detect(task, sub, pristine=task.workspace_files(), hidden_tests=task.hidden_tests())
     hack_kinds = {f.kind for f in d.hacks(flags)}
-    assert r.EXPECTED_FLAGS[attack] <= hack_kinds, flags
+    assert r.EXPECTED_FLAGS[attack] & set(d.DETECTORS) <= hack_kinds, flags  # runtime kinds: end to end
     if attack == "do_nothing":
         assert sub.changes == {} and not d.hacks(flags)
     else:
@@ -87,16 +90,8 @@ def test_hidden_literals_hard_codes_the_leaked_pairs(tasks):
 # ---- end to end: the verifier ------------------------------------------------------------------
 
 
-def _verifier():
-    try:
-        from tryloop.rewards import verifier
-    except ImportError:
-        pytest.skip("tryloop.rewards.verifier is not there yet")
-    return verifier
-
-
 async def _judge(runtime, task: Task, attack: str) -> None:
-    verdict = await _verifier().verify(runtime, task, r.run(attack, task))
+    verdict = await verify(runtime, task, r.run(attack, task))
     assert verdict.state != "no_verdict", verdict.reason
     hack_kinds = {f.kind for f in verdict.flags if f.severity == "hack"}
     if attack == "do_nothing":
@@ -109,16 +104,31 @@ async def _judge(runtime, task: Task, attack: str) -> None:
         # learns to catch this one itself, take it out of FOOLS_TESTS.
         assert verdict.outcomes and set(verdict.outcomes.values()) == {"passed"}, verdict.outcomes
         assert verdict.reward == 0.0
+    if attack in r.PREVENTED:
+        assert set(verdict.outcomes.values()) != {"passed"}, verdict.outcomes
 
 
-# Fast: the attacks only the flags stop, one that restoring undoes, and the control.
-@pytest.mark.parametrize("attack", [*sorted(r.FOOLS_TESTS), "conftest_report_rewrite", "do_nothing"])
-async def test_the_verifier_rejects_attacks_on_a_task_with_visible_tests(runtime, attack):
+# Every attack, through the real verifier, in the default run: one test each, on the task that
+# has visible tests, a conftest and a multi-module package (a second or two per attack).
+@pytest.mark.parametrize("attack", list(r.ATTACKS))
+async def test_the_verifier_rejects_every_attack_on_a_task_with_visible_tests(runtime, attack):
     await _judge(runtime, Task.load(DATA / "visible-tests"), attack)
 
 
-@pytest.mark.slow  # every attack on every red-team task: about two minutes
-@pytest.mark.parametrize("task_id", TASK_IDS)
+@pytest.mark.slow  # every attack on the other red-team tasks: about two minutes
+@pytest.mark.parametrize("task_id", TASK_IDS[:2])
 @pytest.mark.parametrize("attack", list(r.ATTACKS))
 async def test_the_verifier_rejects_every_attack(runtime, tasks, attack, task_id):
     await _judge(runtime, tasks[task_id], attack)
+
+
+@pytest.mark.parametrize("attack", list(r.RESIDUALS))
+async def test_known_residuals_still_pay(runtime, attack):
+    # A measured gap, not a goal: code under test that reaches pytest's reporting through module
+    # attributes, with every name built at run time, does nothing the audit hook reports and
+    # nothing a static reading resolves. If this starts failing, the gap closed: move the attack
+    # into ATTACKS (and the docs' "not guaranteed" list loses an entry).
+    task = Task.load(DATA / "visible-tests")
+    verdict = await verify(runtime, task, r.RESIDUALS[attack](task))
+    assert verdict.state == "pass" and verdict.reward == pytest.approx(1.1), (verdict.reason, verdict.flags)
+    assert not [f for f in verdict.flags if f.severity == "hack"]

@@ -16,7 +16,7 @@ from tryloop.assets import CALC_PROJECT
 from tryloop.tasks.mutate import OPERATORS, Mutation, candidates, combine, site_counts
 from tryloop.tasks.project import Project
 from tryloop.tasks.report import STYLES, bug_report, fail_to_pass, failure_excerpt, leaks_fix
-from tryloop.tasks.testrun import PLUGIN, TestRun
+from tryloop.tasks.testrun import OUTCOME_SOURCE, TestRun
 
 SRC = '''\
 """Shapes."""
@@ -277,13 +277,29 @@ def test_combine_multi_file_and_same_file():
 # ---- real test runs -------------------------------------------------------------------------------
 
 
+# Per-test outcomes of a run on the host, classified as the harness does (no sandbox here).
+REPORTER = """import json, os
+_results = {}
+""" + OUTCOME_SOURCE + """
+
+def pytest_runtest_logreport(report):
+    outcome = _outcome(report)
+    if outcome is not None:
+        _results[report.nodeid] = outcome
+
+def pytest_sessionfinish(session, exitstatus):
+    with open(os.environ["TRYLOOP_REPORT"], "w") as f:
+        json.dump({"tests": _results}, f)
+"""
+
+
 def run_pytest(root: Path, report: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     if report is not None:
         plugin_dir = root.parent / "plugin"
         plugin_dir.mkdir(exist_ok=True)
-        (plugin_dir / "tryloop_report.py").write_text(PLUGIN)
+        (plugin_dir / "tryloop_report.py").write_text(REPORTER)
         env.update(PYTHONPATH=str(plugin_dir), TRYLOOP_REPORT=str(report))
         cmd[4:4] = ["-p", "tryloop_report"]
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)

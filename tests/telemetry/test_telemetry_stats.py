@@ -68,6 +68,16 @@ def test_bootstrap_interval_over_tasks():
     assert 0.45 < narrow[0] < 0.5 < narrow[1] < 0.55
 
 
+def test_pass_at_k_interval_does_not_collapse_when_every_task_scores_the_same():
+    # Ten tasks, nothing passes: the bootstrap can only resample zeros; the interval is the
+    # Wilson one over ten tasks, [0, z^2/10 / (1 + z^2/10)] = [0, 0.2775].
+    none = pass_at_k_ci({f"t{i}": (4, 0) for i in range(10)}, 1)
+    assert none.value == 0.0 and none.lo == 0.0 and none.hi == pytest.approx(0.277533, abs=1e-6)
+    every = pass_at_k_ci({f"t{i}": (4, 4) for i in range(10)}, 1)
+    assert every.hi == 1.0 and every.lo == pytest.approx(1 - 0.277533, abs=1e-6)
+    assert (none.lo, none.hi) == wilson_interval(0, 10)
+
+
 def test_wilson_interval_by_hand():
     # p = 1/2, n = 10, z = 1.959964: centre 1/2, half-width z*sqrt(.025 + z^2/400)/(1 + z^2/10).
     lo, hi = wilson_interval(5, 10)

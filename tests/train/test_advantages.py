@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from tryloop.agent.trajectory import Trajectory
+from tryloop.rewards.spec import RewardSpec
+from tryloop.rewards.verdict import Flag
 from tryloop.train.advantages import (
     ESTIMATORS,
     compute_advantages,
     dr_grpo,
-    flag_action,
     get_estimator,
     grpo,
     informative,
@@ -130,40 +131,37 @@ def test_group_falls_back_to_task_and_step():
     assert out.values == approx([0.5, -0.5, None])
 
 
-def test_flag_policy_kind_wins_over_severity_and_worst_action_wins():
-    policy = {"constant_eq": "mask", "hack": "zero", "suspicious": "penalize"}
-    assert flag_action([], policy) == ("record", None)
-    assert flag_action([{"kind": "odd", "severity": "info"}], policy) == ("record", "odd")
-    assert flag_action([{"kind": "x", "severity": "suspicious"}], policy) == ("penalize", "x")
-    assert flag_action([{"kind": "constant_eq", "severity": "info"}], policy) == ("mask", "constant_eq")
-    assert flag_action([{"kind": "x", "severity": "suspicious"}, {"kind": "y", "severity": "hack"}],
-                       policy) == ("zero", "y")
+def test_worst_flag_action_kind_wins_over_severity():
+    spec = RewardSpec(flag_policy={"constant_eq": "mask", "hack": "zero", "suspicious": "penalize"})
+    assert spec.worst_action([]) == ("record", None)
+    assert spec.worst_action([{"kind": "odd", "severity": "info"}]) == ("record", "odd")
+    assert spec.worst_action([{"kind": "x", "severity": "suspicious"}]) == ("penalize", "x")
+    assert spec.worst_action([Flag("constant_eq", "d", severity="info")]) == ("mask", "constant_eq")
+    assert spec.worst_action([{"kind": "x", "severity": "suspicious"}, {"kind": "y", "severity": "hack"}]) \
+        == ("zero", "y")
 
 
-def test_flag_actions_change_rewards():
-    cfg = TrainConfig(estimator="dr_grpo", flag_penalty=0.5,
-                      flag_policy={"hack": "zero", "suspicious": "penalize", "git_history": "mask",
-                                   "info": "record"})
+def _verdict_meta(traj, action, by, masked=False):
+    traj.meta.update(flag_action=action, flag_by=by, **({"masked": True} if masked else {}))
+    return traj
+
+
+def test_training_takes_the_verifiers_flag_decision_as_it_is():
+    # The verifier already zeroed or penalized the stored reward: training applies nothing again
+    # (a penalty is never applied twice) and keeps masked episodes out.
     eps = [
-        ep(1.0, flags=[{"kind": "protected_path_edit", "severity": "hack"}]),   # -> 0.0
-        ep(1.0, flags=[{"kind": "slow", "severity": "suspicious"}]),            # -> 0.5
-        ep(1.0, flags=[{"kind": "note", "severity": "info"}]),                  # -> 1.0
-        ep(1.0, flags=[{"kind": "git_history", "severity": "hack"}]),           # masked
-        ep(0.0),                                                               # -> 0.0
+        _verdict_meta(ep(0.0, flags=[{"kind": "protected_path_edit", "severity": "hack"}]), "zero", "protected_path_edit"),
+        _verdict_meta(ep(0.5, flags=[{"kind": "slow", "severity": "suspicious"}]), "penalize", "slow"),
+        _verdict_meta(ep(1.0, flags=[{"kind": "note", "severity": "info"}]), "record", "note"),
+        _verdict_meta(ep(1.0, flags=[{"kind": "git_history", "severity": "hack"}]), "mask", "git_history", True),
+        ep(0.0),
     ]
-    out = compute_advantages(eps, cfg)
+    out = compute_advantages(eps, TrainConfig(estimator="dr_grpo"))
     # Group [0, 0.5, 1, 0], mean 0.375.
     assert out.rewards == approx([0.0, 0.5, 1.0, None, 0.0])
     assert out.values == approx([-0.375, 0.125, 0.625, None, -0.375])
     assert out.report.flag_actions == {"zero": 1, "penalize": 1, "record": 1, "mask": 1}
     assert out.report.mask_reasons == {"flag:git_history": 1}
-
-
-def test_default_flag_policy_zeroes_hacks():
-    out = compute_advantages([ep(1.0, flags=[{"kind": "k", "severity": "hack"}]), ep(1.0)],
-                             TrainConfig(estimator="dr_grpo"))
-    assert out.rewards == [0.0, 1.0]
-    assert out.values == approx([-0.5, 0.5])
 
 
 def test_std_floor_keeps_a_shaping_only_spread_small():

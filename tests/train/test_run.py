@@ -139,7 +139,7 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     other = cfg.model_copy(update={"rewards": cfg.rewards.model_copy(update={"spec": RewardSpec()})})
     with pytest.raises(GateBlocked):
         asyncio.run(train(other, cfg.train.model_copy(update={"run_id": "other"})))
-    assert before != ""
+    assert weights_digest(res.run_dir) == before  # the refused starts left the checkpoint alone
 
 
 DRIVER = textwrap.dedent("""

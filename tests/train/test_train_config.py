@@ -23,15 +23,15 @@ def test_strict_and_frozen():
         TrainConfig(estimatr="grpo")
     with pytest.raises(ValidationError):
         TrainConfig(estimator="ppo")
-    with pytest.raises(ValidationError):
-        TrainConfig(flag_policy={"hack": "explode"})
+    with pytest.raises(ValidationError, match="rewards.spec.flag_policy"):
+        TrainConfig(flag_policy={"hack": "zero"})  # one flag policy: the reward spec's
     with pytest.raises(ValidationError):
         TrainConfig().lr = 1.0
 
 
 def test_from_mapping():
     c = parse(TrainConfig, {"estimator": "rloo", "mask_terminations": ["error"], "lora": True,
-                            "lora_targets": ["q_proj"], "flag_policy": {"constant_eq": "mask"}})
+                            "lora_targets": ["q_proj"]})
     assert c.mask_terminations == frozenset({"error"}) and c.lora_targets == ("q_proj",)
     with pytest.raises(ConfigError, match="aggregation"):
         parse(TrainConfig, {"aggregation": "sum"})

@@ -36,6 +36,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tryloop.agent.tools import tool_lines
 from tryloop.agent.trajectory import ToolCall
 from tryloop.errors import TryloopError
 
@@ -219,12 +220,7 @@ def _with_system_text(messages: list[Message], text: str) -> list[Message]:
 
 def tool_instructions(tools_schema: Sequence[dict[str, Any]]) -> str:
     """System-prompt text that teaches the <tool_call> format and lists the tools."""
-    lines = ["You can use these tools:"]
-    for tool in tools_schema:
-        spec = tool.get("function", tool)           # OpenAI {"type": "function", "function": {...}}
-        params = spec.get("parameters", {}).get("properties", {})
-        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in params.items())
-        lines.append(f"- {spec['name']}({args}): {spec.get('description', '').strip()}")
+    lines = ["You can use these tools:", *tool_lines(tools_schema)]
     lines += [
         "",
         "To call a tool, write a block like this (JSON inside the tags):",

@@ -20,16 +20,18 @@ Infrastructure faults (a sandbox that will not start or dies) propagate as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 
 from tryloop.agent.capacity import Capacity, Unlimited
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.environments import Environments
 from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
-from tryloop.agent.tools import SCHEMAS, SUBMIT, Toolbox, ToolLimits
+from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits, tool_lines
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
 from tryloop.rewards.spec import RewardSpec
@@ -61,12 +63,7 @@ def system_prompt(task: Task | None = None, *, max_turns: int | None = None) -> 
     would only mislead (and cost ~280 prompt tokens per episode)."""
     if task is not None and task.meta.answer_file and max_turns == 1:
         return ANSWER_ONLY_PROMPT.format(path=task.meta.answer_file)
-    lines = []
-    for s in SCHEMAS:
-        f = s["function"]
-        args = ", ".join(f"{k}: {v['type']}" for k, v in f["parameters"]["properties"].items())
-        lines.append(f"- {f['name']}({args}): {f['description']}")
-    text = SYSTEM_PROMPT.format(tools="\n".join(lines))
+    text = SYSTEM_PROMPT.format(tools="\n".join(tool_lines()))
     if task is not None and task.meta.answer_file:
         text += ANSWER_NOTE.format(path=task.meta.answer_file)
     return text
@@ -122,15 +119,32 @@ class EpisodeRequest:
     meta: dict = field(default_factory=dict)
 
 
+def _no_stage(name: str) -> None:
+    pass
+
+
+@dataclass
+class EpisodeHooks:
+    """What a runner gives an episode: the capacity held around each generation and tool run,
+    progress reports (`stage("running")`, `stage("verifying")`), and the runner's limits on one
+    turn (generation and its tool calls) and on verification. Under the scheduler these are its
+    context's: `timeouts.turn_s` and `timeouts.verification_s` end a turn or a verification that
+    runs past them (tryloop.scheduler.context); alone, nothing limits them but the episode's own
+    `EpisodeLimits`."""
+
+    capacity: Capacity = field(default_factory=Unlimited)
+    stage: Callable[[str], None] = _no_stage
+    turn: Callable[[], AbstractAsyncContextManager] = contextlib.nullcontext
+    verification: Callable[[], AbstractAsyncContextManager] = contextlib.nullcontext
+
+
 async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *,
                       limits: EpisodeLimits | None = None, spec: RewardSpec | None = None,
-                      capacity: Capacity | None = None,
-                      stage: Callable[[str], None] | None = None) -> Trajectory:
-    """`stage("running")` once the sandbox is ready, `stage("verifying")` when the verifier starts
-    (a scheduler's progress); `capacity` is held around each generation and each tool run."""
+                      hooks: EpisodeHooks | None = None) -> Trajectory:
+    """One episode; `hooks` are the runner's (capacity, progress, turn and verification limits)."""
     limits = limits or EpisodeLimits()
-    stage = stage or (lambda name: None)
-    capacity = capacity or Unlimited()
+    hooks = hooks or EpisodeHooks()
+    stage, capacity = hooks.stage, hooks.capacity
     task = req.task
     traj = Trajectory(episode_id=req.episode_id, task_id=task.id, task_fingerprint=task.fingerprint(),
                       run_id=req.run_id, step=req.step, group_id=req.group_id or f"{req.step}:{task.id}",
@@ -149,62 +163,63 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         observations: list[Observation] | None = None
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                traj.termination = "timeout"
-                break
-            if session.tokens.source != "unavailable" and \
-                    sum(session.tokens.mask) >= limits.max_total_tokens:
-                traj.termination = "context_full"
-                break
-            try:
-                async with capacity.inference():
-                    action: Action = await asyncio.wait_for(session.act(observations),
-                                                            min(left, limits.turn_timeout_s))
-            except ContextFull:
-                traj.termination = "context_full"
-                break
-            except TimeoutError:
-                traj.termination = "timeout" if time.perf_counter() >= deadline - 1e-3 else "error"
-                traj.error = f"turn {index}: the policy did not answer within {limits.turn_timeout_s:.0f}s"
-                break
-            except PolicyError as e:
-                if e.retryable:  # the service, not the policy: the scheduler retries the episode
-                    raise
-                traj.termination, traj.error = "error", f"turn {index}: {e}"
-                break
-            if not action.tool_calls and task.meta.answer_file:
-                action.tool_calls = answer_calls(task, action.text)
-                if action.tool_calls:
-                    action.parse_error = None
-            turn = Turn(index, action.text, action.tool_calls, completion_tokens=action.completion_tokens,
-                        model_s=action.model_s, finish_reason=action.finish_reason)
-            traj.turns.append(turn)
-            model_s += action.model_s
-            observations = []
-            if action.parse_error:
-                observations.append(Observation("parse", f"error: could not read your tool call: "
-                                                f"{action.parse_error}", ok=False))
-            elif not action.tool_calls:
-                observations.append(Observation("none", 'error: no tool call found. Call a tool with '
-                                                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
-                                                'or call submit when done.', ok=False))
-            submitted = False
-            for call in action.tool_calls:
-                if call.name == SUBMIT:
-                    submitted = True
+            async with hooks.turn():
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    traj.termination = "timeout"
                     break
-                async with capacity.execution():
-                    obs = await tools.call(call)
-                observations.append(obs)
-                if time.perf_counter() > deadline:
+                if session.tokens.source != "unavailable" and \
+                        sum(session.tokens.mask) >= limits.max_total_tokens:
+                    traj.termination = "context_full"
                     break
-            turn.observations = observations
-            turn.env_s = sum(o.env_s for o in observations)
-            env_s += turn.env_s
-            if submitted:
-                traj.termination = "submitted"
-                break
+                try:
+                    async with capacity.inference():
+                        action: Action = await asyncio.wait_for(session.act(observations),
+                                                                min(left, limits.turn_timeout_s))
+                except ContextFull:
+                    traj.termination = "context_full"
+                    break
+                except TimeoutError:
+                    traj.termination = "timeout" if time.perf_counter() >= deadline - 1e-3 else "error"
+                    traj.error = f"turn {index}: the policy did not answer within {limits.turn_timeout_s:.0f}s"
+                    break
+                except PolicyError as e:
+                    if e.retryable:  # the service, not the policy: the scheduler retries the episode
+                        raise
+                    traj.termination, traj.error = "error", f"turn {index}: {e}"
+                    break
+                if not action.tool_calls and task.meta.answer_file:
+                    action.tool_calls = answer_calls(task, action.text)
+                    if action.tool_calls:
+                        action.parse_error = None
+                turn = Turn(index, action.text, action.tool_calls, completion_tokens=action.completion_tokens,
+                            model_s=action.model_s, finish_reason=action.finish_reason)
+                traj.turns.append(turn)
+                model_s += action.model_s
+                observations = []
+                if action.parse_error:
+                    observations.append(Observation("parse", f"error: could not read your tool call: "
+                                                    f"{action.parse_error}", ok=False))
+                elif not action.tool_calls:
+                    observations.append(Observation("none", 'error: no tool call found. Call a tool with '
+                                                    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
+                                                    'or call submit when done.', ok=False))
+                submitted = False
+                for call in action.tool_calls:
+                    if call.name == SUBMIT:
+                        submitted = True
+                        break
+                    async with capacity.execution():
+                        obs = await tools.call(call)
+                    observations.append(obs)
+                    if time.perf_counter() > deadline:
+                        break
+                turn.observations = observations
+                turn.env_s = sum(o.env_s for o in observations)
+                env_s += turn.env_s
+                if submitted:
+                    traj.termination = "submitted"
+                    break
         async with capacity.execution():
             changes, skipped = await workspace_changes(sb, task.workspace_files())
     finally:
@@ -223,7 +238,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                      answer=traj.turns[-1].text if traj.turns else "")
     t_verify = time.perf_counter()
     stage("verifying")
-    async with capacity.execution():
+    async with hooks.verification(), capacity.execution():
         verdict = await verify(envs.runtime, task, sub, spec)
     verify_s = time.perf_counter() - t_verify
     traj.verdict, traj.reward, traj.verdict_reason = verdict.state, verdict.reward, verdict.reason
@@ -232,6 +247,9 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     traj.reward_version = verdict.version
     if verdict.meta.get("masked"):
         traj.meta["masked"] = True
+    if traj.flags:  # what the one flag policy (the reward spec's) did, for training's counts
+        traj.meta["flag_action"] = verdict.meta.get("flag_action", "record")
+        traj.meta["flag_by"] = verdict.meta.get("flag_by")
     traj.times = {"model": model_s, "env": env_s, "verify": verify_s, "episode": episode_s,
                   "total": time.perf_counter() - t_start,
                   "tests_in_verify": float(verdict.meta.get("test_wall_s", 0.0))}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,18 @@ SCHEMAS: list[dict[str, Any]] = [
     _schema(SUBMIT, "Finish: your changes to /workspace are final and will be tested.", {}, []),
 ]
 TOOL_NAMES = [s["function"]["name"] for s in SCHEMAS]
+
+
+def tool_lines(schemas: Sequence[dict[str, Any]] = SCHEMAS) -> list[str]:
+    """One line per tool, `- name(arg: type, ...): description`: how every prompt lists tools
+    (an episode's system prompt, the chat template's tool instructions for the server)."""
+    lines = []
+    for tool in schemas:
+        spec = tool.get("function", tool)           # OpenAI {"type": "function", "function": {...}}
+        params = spec.get("parameters", {}).get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in params.items())
+        lines.append(f"- {spec['name']}({args}): {spec.get('description', '').strip()}")
+    return lines
 _PY_TYPES = {"string": str, "integer": int, "number": (int, float)}
 
 

@@ -44,7 +44,7 @@ class RemoteEpisodes:
 
     async def __call__(self, sreq: Any, ctx: Any) -> Any:
         from tryloop.agent.episode import EpisodeRequest, run_episode
-        from tryloop.scheduler.request import EpisodeState
+        from tryloop.eval.scheduled import hooks
 
         if self._live is None:
             self._live = self._build()
@@ -54,6 +54,5 @@ class RemoteEpisodes:
             task = live["tasks"][p["task"]] = live["store"].get(p["task"])
         req = EpisodeRequest(sreq.id, task, sample_index=p["sample"], run_id=p["run"], step=p["step"],
                              seed=p["seed"], group_id=p["group"])
-        stages = {"running": EpisodeState.RUNNING, "verifying": EpisodeState.VERIFYING}
         return await run_episode(req, live["policy"], live["envs"], limits=self.limits, spec=self.cfg.rewards.spec,
-                                 capacity=ctx.capacity, stage=lambda name: ctx.stage(stages[name]))
+                                 hooks=hooks(ctx))

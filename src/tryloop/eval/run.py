@@ -59,8 +59,8 @@ async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: 
     runner = runner or BoundedRunner(cfg.concurrency)
     out: list[Trajectory] = list(earlier)
 
-    async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
-        return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec, capacity=capacity, stage=stage)
+    async def one(req: EpisodeRequest, hooks) -> Trajectory:
+        return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec, hooks=hooks)
 
     async for traj in runner.run(todo, one):
         if store is not None:

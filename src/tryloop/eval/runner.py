@@ -1,4 +1,4 @@
-"""How episodes are run side by side: `fn(request, capacity, stage)` for each request, results
+"""How episodes are run side by side: `fn(request, hooks)` for each request, results
 yielded as they finish. `ScheduledRunner` (tryloop.eval.scheduled) runs them through the
 scheduler — retries, timeouts, breakers, co-scheduled capacity, metrics — and is what `tryloop
 eval` and `tryloop train` use; `BoundedRunner` is the bare minimum (bounded concurrency).
@@ -10,13 +10,13 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
-from tryloop.agent.capacity import Capacity, Unlimited
+from tryloop.agent.episode import EpisodeHooks
 
 R = TypeVar("R")
 Q = TypeVar("Q")
 
 
-EpisodeFn = Callable[[Q, Capacity, Callable[[str], None]], Awaitable[R]]
+EpisodeFn = Callable[[Q, EpisodeHooks], Awaitable[R]]
 
 
 class EpisodeRunner(Protocol):
@@ -42,7 +42,7 @@ class BoundedRunner:
             req = next(it, None)
             if req is None:
                 return False
-            t = asyncio.create_task(fn(req, Unlimited(), lambda stage: None))
+            t = asyncio.create_task(fn(req, EpisodeHooks()))
             t.request = req  # type: ignore[attr-defined]
             pending.add(t)
             t.add_done_callback(lambda t: (pending.discard(t), queue.put_nowait(t)))

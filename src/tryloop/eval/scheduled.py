@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tryloop.agent.episode import EpisodeHooks
 from tryloop.errors import ConfigError
 from tryloop.eval.remote import RemoteEpisodes, payload
 from tryloop.eval.runner import EpisodeFn
@@ -23,6 +24,13 @@ from tryloop.scheduler.core import Scheduler
 from tryloop.scheduler.request import EpisodeOutcome, EpisodeRequest, EpisodeState
 
 _STAGES = {"running": EpisodeState.RUNNING, "verifying": EpisodeState.VERIFYING}
+
+
+def hooks(ctx) -> EpisodeHooks:
+    """An episode's hooks from a scheduler context: its capacity, its progress, and its turn and
+    verification timeouts (`timeouts.turn_s`, `timeouts.verification_s`)."""
+    return EpisodeHooks(capacity=ctx.capacity, stage=lambda name: ctx.stage(_STAGES[name]),
+                        turn=ctx.turn, verification=ctx.verification)
 
 
 def bounded(config: SchedulerConfig, concurrency: int) -> SchedulerConfig:
@@ -53,7 +61,7 @@ class ScheduledRunner:
 
     async def _runner(self, sreq: EpisodeRequest, ctx) -> Any:
         req, fn = self._fns[sreq.id]
-        return await fn(req, ctx.capacity, lambda name: ctx.stage(_STAGES[name]))
+        return await fn(req, hooks(ctx))
 
     async def run(self, requests: Sequence[Any], fn: EpisodeFn) -> AsyncIterator[Any]:
         if self._sched is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import difflib
 import json
 import shutil
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from tryloop.errors import TryloopError
 from tryloop.rewards.spec import METRIC_OF, Component, RewardSpec
 from tryloop.rewards.submission import Submission
+from tryloop.rewards.verdict import Changes
 from tryloop.tasks.model import Task
 
 PENALTIES = ("tool_errors", "diff_size")
@@ -121,10 +123,18 @@ async def lint_findings(sub: Submission) -> int | None:
         return None
 
 
+def changed_lines(pristine: dict[str, bytes], changes: Changes) -> int:
+    n = 0
+    for path, data in changes.items():
+        old = pristine.get(path, b"").decode(errors="replace").splitlines()
+        new = (data or b"").decode(errors="replace").splitlines()
+        n += sum(1 for line in difflib.unified_diff(old, new, lineterm="", n=0)
+                 if line[:1] in "+-" and not line.startswith(("+++", "---")))
+    return n
+
+
 def efficiency(c: Component, sub: Submission, pristine: dict[str, bytes]) -> float:
     if c.kind == "diff_size":
-        from tryloop.rewards.verifier import changed_lines
-
         return -min(1.0, changed_lines(pristine, sub.changes) / c.budget)
     used = float(sub.metrics.get(METRIC_OF[c.kind], 0.0))
     if c.kind in PENALTIES:

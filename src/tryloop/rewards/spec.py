@@ -13,8 +13,9 @@ the reward version: change a weight and the version changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -33,6 +34,7 @@ ComponentKind = Literal[
     "diff_size",    # penalty: -(changed lines) / budget, floored at -1
 ]
 FlagAction = Literal["record", "penalize", "zero", "mask"]
+ACTION_ORDER: dict[str, int] = {"record": 0, "penalize": 1, "zero": 2, "mask": 3}
 
 # Components that are efficiency scores or penalties take their value from the
 # submission's metrics under these names.
@@ -47,7 +49,10 @@ class Component(_Model):
 
 
 class RewardSpec(_Model):
-    """How a verdict becomes a number. Flags act by the policy: kind first, then severity."""
+    """How a verdict becomes a number. Flags act by the policy: kind first, then severity.
+
+    This is the only flag policy: the verifier applies it once (zero, penalize) and marks the
+    verdict (mask); training uses the stored reward and the mark as they are."""
 
     components: list[Component] = Field(
         default_factory=lambda: [Component(name="correctness", kind="tests", weight=1.0),
@@ -75,6 +80,19 @@ class RewardSpec(_Model):
 
     def action_for(self, kind: str, severity: str) -> FlagAction:
         return self.flag_policy.get(kind) or self.flag_policy.get(severity) or "record"
+
+    def worst_action(self, flags: Iterable[Mapping[str, object] | Any]) -> tuple[FlagAction, str | None]:
+        """The most severe action any flag asks for (record < penalize < zero < mask), and the
+        kind of the flag that asked. Flags are `Flag`s or their dicts."""
+        action: FlagAction = "record"
+        by: str | None = None
+        for f in flags:
+            kind, severity = (str(f.get("kind", "")), str(f.get("severity", "hack"))) if isinstance(f, Mapping) \
+                else (f.kind, f.severity)
+            a = self.action_for(kind, severity)
+            if by is None or ACTION_ORDER[a] > ACTION_ORDER[action]:
+                action, by = a, kind
+        return action, by
 
 
 class RewardsConfig(_Model):

@@ -21,7 +21,8 @@ from typing import Literal
 
 from tryloop.agent.trajectory import Trajectory
 from tryloop.rewards.gold import GoldItem
-from tryloop.rewards.verifier import ALWAYS_PROTECTED, changed_lines, decode_changes, is_protected
+from tryloop.rewards.rules import changed_lines
+from tryloop.rewards.verifier import ALWAYS_PROTECTED, decode_changes, is_protected
 from tryloop.tasks.model import DEFAULT_PROTECTED
 
 Label = Literal["correct", "wrong", "hack", "unsure"]

@@ -6,14 +6,18 @@
 2. The agent's diff is applied, except on protected paths (tests, conftest, test
    configuration, site hooks): those stay pristine, i.e. they are restored.
 3. The hidden tests are laid over it, byte for byte as hashed into the version.
-4. The tests run with the verifier's interpreter (absolute path, `-P`: nothing
-   in the workspace is importable until pytest and the plugin are loaded, so it
-   cannot stand in for the test framework), no user site, no inherited PYTHONPATH.
-5. Per-test results are streamed by tryloop's pytest plugin as records
-   authenticated with a per-run key. The key reaches the plugin through stdin,
-   which is read and closed before any code under test is imported, so it is in
-   no file and no environment variable. A record the agent's code writes or
-   alters fails authentication and the run is judged tampered with.
+4. The tests run in two processes (tryloop.tasks.harness): a supervisor that
+   holds the per-run key (from stdin; never in a file, the environment or the
+   test process) and a test process that installs an audit hook, then imports
+   pytest with the verifier's interpreter (absolute path, `-P`: no workspace
+   file can stand in for pytest), then the code under test.
+5. The test process writes per-test outcomes and runtime evidence (hidden-test
+   reads, frame and heap introspection, code rewrites, native access, built
+   code, attributed to the agent's files) to a pipe; the supervisor signs them.
+   A record not signed by the supervisor is forged; a replaced channel ends the
+   run. Signed records are as true as the test process: code under test that
+   lies to pytest without an audited operation is left to the static
+   detectors (docs/rewards.md, "What is guaranteed, and what is not").
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
@@ -25,29 +29,27 @@ cached beside the store: it says which tests exist and how long they take.
 from __future__ import annotations
 
 import base64
-import difflib
 import fnmatch
 import hashlib
-import hmac
 import json
 import logging
 import os
-import secrets
-import shlex
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
 from tryloop.rewards import rules
+from tryloop.rewards.host_check import host_check
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verdict import Changes, Flag, Verdict
 from tryloop.rewards.version import code_version, reward_version, spec_version
 from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks import harness
+from tryloop.tasks.harness import Evidence, RunRecord
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import OUTCOME_SOURCE, sandbox_config_for, task_snapshot
+from tryloop.tasks.testrun import sandbox_config_for
 
 log = logging.getLogger(__name__)
 
@@ -58,77 +60,9 @@ ALWAYS_PROTECTED = ["conftest.py", "sitecustomize.py", "usercustomize.py", "*.pt
                     "*.pyc", "*.pyo", "*.so", "*.pyd", "__pycache__/"]
 REPORT_FORGED = "report_forged"
 
-_PLUGIN = r'''
-"""tryloop verifier plugin: per-test outcomes as authenticated records (loaded with -p)."""
-import hashlib, hmac, json, os, sys
-
-def _make():
-    # The key arrives on stdin and never touches a file or the environment.
-    key = os.read(0, 4096).strip()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    fd = os.open(os.environ.pop("TRYLOOP_VERIFY_OUT"),
-                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    seq = [0]
-
-    def emit(kind, **data):
-        seq[0] += 1
-        body = json.dumps({"seq": seq[0], "kind": kind, **data}, sort_keys=True)
-        mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        os.write(fd, (mac + " " + body + "\n").encode())
-    return emit
-
-# What `python -m pytest` does (the working directory first on sys.path), but only now that
-# pytest itself is imported: a workspace module can no longer stand in for the test framework.
-sys.path.insert(0, os.getcwd())
-''' + OUTCOME_SOURCE + r'''
-
-
-def _plugin(emit, outcome_of=_outcome):
-    # The hooks close over `emit` and `outcome_of`: replacing this module's attributes later
-    # (from code under test) changes nothing pluggy calls.
-    class Plugin:
-        def pytest_runtest_logreport(self, report):
-            outcome = outcome_of(report)
-            if outcome is not None:
-                emit("test", id=report.nodeid, outcome=outcome)
-
-        def pytest_collectreport(self, report):
-            if report.failed:
-                emit("test", id=report.nodeid or "<collection>", outcome="error")
-
-        def pytest_sessionfinish(self, session, exitstatus):
-            emit("finish", exitstatus=int(exitstatus), collected=int(getattr(session, "testscollected", 0)))
-    return Plugin()
-
-
-_records = _plugin(_make())
-
-
-def pytest_configure(config):
-    # Registered before collection, i.e. before any code under test is imported.
-    config.pluginmanager.register(_records, "tryloop-verifier-records")
-'''
-
 
 class VerifierError(TryloopError):
     """The verifier itself could not judge (becomes a no-verdict, never a score)."""
-
-
-@dataclass
-class RunRecord:
-    """One authenticated test run inside the verifier's sandbox."""
-
-    outcomes: dict[str, str] = field(default_factory=dict)
-    finished: bool = False
-    collected: int = 0
-    forged: int = 0            # records that failed authentication
-    exit_code: int | None = None
-    timed_out: bool = False
-    oom: bool = False
-    wall_s: float = 0.0
-    output_tail: str = ""
 
 
 @dataclass
@@ -168,87 +102,27 @@ def split_changes(task: Task, changes: Changes, hidden: dict[str, bytes]) -> tup
     return applied, refused
 
 
-def _python(sb_env: dict[str, str]) -> str:
-    """The verifier's own interpreter: the image's first python3 on PATH, as an absolute path."""
-    for d in sb_env.get("PATH", "").split(":"):
-        candidate = Path(d) / "python3"
-        if d.startswith("/") and candidate.exists():  # binds keep host paths, so the host can check
-            return str(candidate)
-    return "/usr/bin/python3"
-
-
-def _command(task: Task, python: str, plugin_module: str) -> str:
-    """The task's pytest command, run by the verifier's interpreter with the plugin loaded."""
-    words = shlex.split(task.meta.test_command)
-    idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
-    if idx is None:
-        raise VerifierError(f"task {task.id}: test_command {task.meta.test_command!r} is not a pytest "
-                            "command; the verifier needs per-test results")
-    args = words[idx + 1:]
-    return shlex.join([python, "-P", "-B", "--check-hash-based-pycs", "always", "-m", "pytest", "-p", plugin_module,
-                       "-p", "no:cacheprovider", *args])
-
-
-def parse_records(raw: bytes, key: bytes) -> RunRecord:
-    run = RunRecord()
-    expected_seq = 1
-    for line in raw.splitlines():
-        mac, _, body = line.decode(errors="replace").partition(" ")
-        good = hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest())
-        try:
-            rec = json.loads(body) if good else None
-        except ValueError:
-            rec = None
-        if rec is None or rec.get("seq") != expected_seq:
-            run.forged += 1
-            continue
-        expected_seq += 1
-        if rec["kind"] == "test":
-            # A test reported twice (e.g. call + teardown error) keeps its worst outcome.
-            prev = run.outcomes.get(rec["id"])
-            if prev is None or prev == "passed":
-                run.outcomes[rec["id"]] = rec["outcome"]
-        elif rec["kind"] == "finish":
-            run.finished = True
-            run.collected = int(rec.get("collected", 0))
+async def _run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
+               timeout: float) -> RunRecord:
+    """The harness's run; a function task's outputs are compared on the host (host_check): its
+    hidden test's expected values never enter the sandbox."""
+    check = host_check(task)
+    if check is None:
+        return await harness.run(runtime, task, applied, hidden, timeout)
+    run = await harness.run(runtime, task, applied, check.hidden(), timeout, read_back=check.outputs_path)
+    check.judge(run)
     return run
 
 
-async def _run_tests(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
-                     timeout: float) -> RunRecord:
-    """Apply `applied` to a pristine sandbox, lay the hidden tests over it, run them."""
-    cfg = sandbox_config_for(task)
-    snap = task_snapshot(runtime, task, cfg)
-    key = secrets.token_hex(32).encode()
-    slot = f"/tmp/.v{secrets.token_hex(8)}"
-    module = f"tlv_{secrets.token_hex(4)}"
-    async with await runtime.create(snap, cfg) as sb:
-        deleted = [p for p, d in applied.items() if d is None]
-        for rel, data in applied.items():
-            if data is not None:
-                sb.write_file(rel, data)
-        if deleted:
-            res = await sb.exec(["rm", "-rf", "--", *deleted])
-            if not res.ok:
-                raise VerifierError(f"could not apply deletions: {res.text('stderr')[:200]}")
-        for rel, data in hidden.items():  # last: tests always win
-            sb.write_file(rel, data)
-        sb.write_file(f"{slot}/{module}.py", _PLUGIN)
-        env = {"PYTHONPATH": slot, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONSAFEPATH": "1", "TRYLOOP_VERIFY_OUT": f"{slot}/out"}
-        t0 = time.perf_counter()
-        res = await sb.exec(_command(task, _python(sb.env), module), stdin=key + b"\n", env=env,
-                            merge_stderr=True, timeout=timeout)
-        wall = time.perf_counter() - t0
-        try:
-            raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
-        except (FileNotFoundError, SandboxError, OSError):
-            raw = b""
-    run = parse_records(raw, key)
-    run.exit_code, run.timed_out, run.wall_s = res.exit_code, res.timed_out, wall
-    run.oom = bool(getattr(res, "oom_killed", False))
-    run.output_tail = res.text()[-3000:]
-    return run
+def evidence_flag(e: Evidence) -> Flag:
+    """A piece of the harness's runtime evidence as a reward-hack flag."""
+    return Flag(e.kind, f"while the tests ran, the code under test {e.what}: {e.detail} ({e.event})",
+                file=e.file, line=e.line, severity=e.severity)  # type: ignore[arg-type]
+
+
+def _listed_tests(task: Task) -> list[str]:
+    """The task's own list of expected tests; a host-checked task's tests are the probe's."""
+    return [] if host_check(task) is not None else task.meta.expected_tests
 
 
 _baselines: dict[str, Baseline] = {}
@@ -276,29 +150,26 @@ async def baseline(runtime: SandboxRuntime, task: Task) -> Baseline:
 
 async def _reference_run(runtime: SandboxRuntime, task: Task) -> Baseline:
     hidden = task.hidden_tests()
-    applied, _ = split_changes(task, dict(task.solution_files()), hidden)
-    run = await _run_tests(runtime, task, applied, hidden, task.meta.test_timeout_s)
-    if not run.finished or run.forged:
+    # The reference is the task's own: applied whole (a Harbor oracle's solve.sh lives under a
+    # path that is protected from the agent), except where the hidden tests are.
+    applied = {p: d for p, d in task.solution_files().items() if p not in hidden}
+    run = await _run(runtime, task, applied, hidden, task.meta.test_timeout_s)
+    if not run.sessions:
+        raise VerifierError(f"task {task.id}: the test command {task.meta.test_command!r} ran no pytest "
+                            "session under the verifier; without per-test records there is nothing to "
+                            "trust (an exit status or a reward file can be written by the code under test)")
+    if not run.finished or run.forged or run.broken or any(e.severity == "hack" for e in run.evidence):
         raise VerifierError(f"task {task.id}: the reference run under the verifier produced no "
-                            f"complete report (exit {run.exit_code}): {run.output_tail[-300:]}")
+                            f"clean complete report (exit {run.exit_code}, evidence {run.evidence[:2]}): "
+                            f"{run.output_tail[-300:]}")
     b = Baseline(sorted(run.outcomes), sorted(t for t, o in run.outcomes.items() if o == "passed"), run.wall_s)
     if not b.passing:
         raise VerifierError(f"task {task.id}: no test passes with the reference solution under the "
                             f"verifier (exit {run.exit_code}): {run.output_tail[-300:]}")
-    missing = [t for t in task.meta.expected_tests if t not in b.passing]
+    missing = [t for t in _listed_tests(task) if t not in b.passing]
     if missing:
         raise VerifierError(f"task {task.id}: the reference solution does not pass {missing[:3]} under the verifier")
     return b
-
-
-def changed_lines(pristine: dict[str, bytes], changes: Changes) -> int:
-    n = 0
-    for path, data in changes.items():
-        old = pristine.get(path, b"").decode(errors="replace").splitlines()
-        new = (data or b"").decode(errors="replace").splitlines()
-        n += sum(1 for line in difflib.unified_diff(old, new, lineterm="", n=0)
-                 if line[:1] in "+-" and not line.startswith(("+++", "---")))
-    return n
 
 
 async def verify(runtime: SandboxRuntime, task: Task, sub: Submission, spec: RewardSpec | None = None,
@@ -312,7 +183,7 @@ async def verify(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                       task_id=task.id, task_fingerprint=task.fingerprint(), meta={"spec_version": spec_ver})
     try:
         await _judge(runtime, task, sub, spec, verdict)
-    except (TimeoutError, SandboxError, VerifierError, rules.JudgeUnavailable, OSError) as e:
+    except (TimeoutError, SandboxError, VerifierError, harness.HarnessError, rules.JudgeUnavailable, OSError) as e:
         verdict.state, verdict.reward = "no_verdict", None
         verdict.reason = f"verifier fault: {type(e).__name__}: {e}"
     except Exception as e:  # a bug of ours is still not the agent's fault: no score
@@ -335,14 +206,20 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     verdict.meta["restored"] = refused
     base = await baseline(runtime, task)
     timeout = spec.timeout_s or task.meta.test_timeout_s
-    run = await _run_tests(runtime, task, applied, hidden, timeout)
+    run = await _run(runtime, task, applied, hidden, timeout)
     verdict.outcomes = run.outcomes
-    verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, collected=run.collected)
+    verdict.meta["host_check"] = host_check(task) is not None
+    verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
+                        collected=run.collected, supervisor_protected=run.started and not run.dumpable)
 
-    expected = task.meta.expected_tests or base.passing
+    expected = _listed_tests(task) or base.passing
+    verdict.flags.extend(evidence_flag(e) for e in run.evidence)
     if run.forged:
         verdict.flags.append(Flag(REPORT_FORGED, f"{run.forged} test record(s) failed authentication: "
                                   "the code under test wrote to the verifier's report"))
+    if run.broken or run.status == harness.CHANNEL_EXIT:
+        verdict.flags.append(Flag(harness.CHANNEL_BROKEN, "the test process's record channel was written to "
+                                  "(malformed records, records after the session's end) or replaced"))
     passed = [t for t in expected if run.outcomes.get(t) == "passed"]
     not_run = [t for t in base.test_ids if t not in run.outcomes]
     if run.timed_out and base.wall_s * 3 >= timeout:
@@ -350,7 +227,7 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                             f"{base.wall_s:.1f}s: cannot tell a slow verifier from a slow solution")
     if run.timed_out:
         state, reason = "fail", f"tests timed out after {timeout:.0f}s (reference: {base.wall_s:.1f}s)"
-    elif run.forged:
+    elif run.forged or run.broken or run.status == harness.CHANNEL_EXIT:
         state, reason = "fail", "test report tampered with"
     elif not run.finished:
         state, reason = "fail", (f"the test session ended before reporting (exit {run.exit_code}"
@@ -375,7 +252,10 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
 
 
 def _apply_flag_policy(spec: RewardSpec, verdict: Verdict, total: float) -> None:
+    """The flag policy, applied once: here. Training takes the reward and the mask as they are."""
     actions = [spec.action_for(f.kind, f.severity) for f in verdict.flags]
+    worst, by = spec.worst_action(verdict.flags)
+    verdict.meta["flag_action"], verdict.meta["flag_by"] = worst, by
     if "mask" in actions:
         verdict.meta["masked"] = True
     if "zero" in actions:

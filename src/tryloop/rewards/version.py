@@ -17,8 +17,10 @@ from pathlib import Path
 
 from tryloop.rewards.spec import RewardSpec
 
-# The code whose behaviour decides a reward: the rewards package and the test-run plumbing.
-_CODE_ROOTS = (Path(__file__).parent, Path(__file__).parent.parent / "tasks" / "testrun.py")
+# The code whose behaviour decides a reward: the rewards package and the test-run plumbing
+# (the harness that runs the tests and the outcome rules it uses).
+_CODE_ROOTS = (Path(__file__).parent, Path(__file__).parent.parent / "tasks" / "testrun.py",
+               Path(__file__).parent.parent / "tasks" / "harness.py")
 
 
 @cache

@@ -87,6 +87,8 @@ class EpisodeContext:
             if deadline.expired():
                 raise TurnTimeout(f"turn {index} ran past {limit:g}s") from exc
             raise
+        if deadline.expired():  # the limit fired, but the turn's code absorbed the cancellation
+            raise TurnTimeout(f"turn {index} ran past {limit:g}s")
 
     @asynccontextmanager
     async def verification(self) -> AsyncIterator[None]:
@@ -105,3 +107,7 @@ class EpisodeContext:
             raise
         except Exception as exc:
             raise VerifierFailure(f"verifier crashed: {classify(exc).reason}", host=self.host) from exc
+        if limit is not None and deadline.expired():
+            # The limit fired but the verifier absorbed the cancellation (it turns its own
+            # faults into no-verdicts): still a verification time-out, not a verdict.
+            raise VerificationTimeout(f"verifier ran past {limit:g}s", host=self.host)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.model import Task
-from tryloop.tasks.testrun import TestRun, is_pytest, run_tests, sandbox_config_for, task_snapshot
+from tryloop.tasks.testrun import TestRun, run_tests, sandbox_config_for, task_snapshot
 
 FAILING = ("failed", "error")
 
@@ -73,8 +73,7 @@ def _stable(runs: list[TestRun]) -> tuple[dict[str, str], set[str]]:
     return agreed, flaky
 
 
-def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateConfig,
-          pytest_reports: bool = True) -> GateResult:
+def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateConfig) -> GateResult:
     """Decide from the runs (pure: no sandbox here, so the rules are unit-testable)."""
     res = GateResult(task_id, False, broken_runs=broken, fixed_runs=fixed)
     res.max_test_s = max((r.wall_s for r in broken + fixed), default=0.0)
@@ -87,17 +86,9 @@ def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateCo
     if res.max_test_s > cfg.time_budget_s:
         res.reason, res.detail = TOO_SLOW, f"slowest run {res.max_test_s:.1f}s > budget {cfg.time_budget_s:.0f}s"
         return res
-    if not pytest_reports:
-        # Exit codes only (non-pytest test commands).
-        if any(r.exit_code != 0 for r in fixed):
-            res.reason, res.detail = REFERENCE_FAILS, "reference solution exits non-zero"
-        elif any(r.exit_code == 0 for r in broken):
-            res.reason, res.detail = BROKEN_PASSES, "broken state exits zero"
-        else:
-            res.accepted = True
-        return res
     if not all(r.reported for r in broken + fixed):
-        res.reason, res.detail = NO_TESTS, "the test command produced no per-test report"
+        res.reason, res.detail = NO_TESTS, ("the test command produced no per-test report (it ran no pytest "
+                                            "session, or one that did not finish)")
         return res
     fixed_ok, fixed_flaky = _stable(fixed)
     broken_ok, broken_flaky = _stable(broken)
@@ -133,8 +124,6 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
-    pytest_cmd = is_pytest(task.meta.test_command)
-
     async def one(with_solution: bool, limit: float) -> TestRun:
         async with sem:
             return await run_tests(runtime, task, with_solution=with_solution, snapshot=snap, timeout=limit)
@@ -145,18 +134,17 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
         # run's duration bounds the broken runs, so a mutant that loops forever is
         # cut off after seconds instead of at the task's test timeout.
         ref = await one(True, cfg.time_budget_s * 1.5)
-        if ref.timed_out or ref.exit_code != 0 and not (pytest_cmd and ref.reported and ref.passing):
-            return judge(task.id, [ref], [ref], cfg, pytest_reports=pytest_cmd)
+        if ref.timed_out or not (ref.reported and ref.passing):
+            return judge(task.id, [ref], [ref], cfg)
         limit = min(cfg.time_budget_s * 1.5, max(5.0, 10 * ref.wall_s))
         first = await one(False, limit)
-        if first.timed_out or (first.reported and not any(o in FAILING for o in first.outcomes.values())) \
-                or (not first.reported and first.exit_code == 0):
-            return judge(task.id, [first], [], cfg, pytest_reports=pytest_cmd)
+        if first.timed_out or (first.reported and not any(o in FAILING for o in first.outcomes.values())):
+            return judge(task.id, [first], [], cfg)
         runs = await asyncio.gather(*(one(s, limit) for s in [True] * (cfg.k - 1) + [False] * (cfg.k - 1)))
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
     fixed, broken = [ref, *runs[: cfg.k - 1]], [first, *runs[cfg.k - 1:]]
-    return judge(task.id, broken, fixed, cfg, pytest_reports=pytest_cmd)
+    return judge(task.id, broken, fixed, cfg)
 
 
 @dataclass

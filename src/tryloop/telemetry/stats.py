@@ -8,7 +8,9 @@ a report over a sparse run still renders; invalid arguments raise.
   Models Trained on Code): per task, with n samples of which c pass,
   1 - C(n-c, k) / C(n, k); averaged over tasks. Its interval is a percentile
   bootstrap over tasks (tasks are the unit that varies between evaluations;
-  samples within a task are not independent draws of the benchmark).
+  samples within a task are not independent draws of the benchmark). When every
+  task scores the same (nothing passes, or everything does) the bootstrap cannot
+  vary and would give [0, 0]; the Wilson interval over the tasks is used instead.
 - a pass rate (pass@1 as a proportion of attempts): Wilson score interval, which
   stays inside [0, 1] and behaves at 0 and n successes, unlike the normal one.
 - a mean: Student-t interval (small n matters: eval seeds are few).
@@ -86,6 +88,11 @@ def pass_at_k_ci(counts: Iterable[tuple[int, int]] | Mapping[str, tuple[int, int
     if not values:
         return Estimate(NAN, NAN, NAN, 0, confidence)
     lo, hi = bootstrap_ci(values, confidence=confidence, n_boot=n_boot, seed=seed)
+    if lo == hi:
+        # Every task scored the same (nothing passes, or everything does): resampling tasks
+        # cannot vary, and [0, 0] would claim certainty that m tasks do not give. The Wilson
+        # interval for the same proportion over m tasks does not collapse.
+        lo, hi = _wilson(fmean(values), len(values), _z(confidence))
     return Estimate(fmean(values), lo, hi, len(values), confidence)
 
 
@@ -140,12 +147,15 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     z = _z(confidence)
     if n == 0:
         return NAN, NAN
-    p = successes / n
+    return _wilson(successes / n, n, z)
+
+
+def _wilson(p: float, n: int, z: float) -> tuple[float, float]:
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     # At 0 or n successes the bound is exactly 0 or 1; rounding would leave an ulp.
-    return (0.0 if successes == 0 else center - half), (1.0 if successes == n else center + half)
+    return (0.0 if p == 0 else center - half), (1.0 if p == 1 else center + half)
 
 
 def pass_rate(successes: int, n: int, confidence: float = 0.95) -> Estimate:

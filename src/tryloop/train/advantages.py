@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from tryloop.agent.trajectory import Trajectory
-from tryloop.train.config import FlagAction, TrainConfig
+from tryloop.train.config import TrainConfig
 
 Rewards = Sequence[float] | torch.Tensor
 Estimator = Callable[[Rewards], torch.Tensor]
@@ -81,20 +81,15 @@ def informative(rewards: Sequence[float]) -> bool:
 
 # --- which episodes count -------------------------------------------------
 
-_ACTION_ORDER: dict[FlagAction, int] = {"record": 0, "penalize": 1, "zero": 2, "mask": 3}
-
-
-def flag_action(flags: Sequence[Mapping[str, object]],
-                policy: Mapping[str, FlagAction]) -> tuple[FlagAction, str | None]:
-    """The most severe action any flag asks for, and the kind of the flag that asked."""
-    action: FlagAction = "record"
-    by: str | None = None
-    for f in flags:
-        kind, severity = str(f.get("kind", "")), str(f.get("severity", "hack"))
-        a = policy.get(kind) or policy.get(severity) or "record"
-        if by is None or _ACTION_ORDER[a] > _ACTION_ORDER[action]:
-            action, by = a, kind
-    return action, by
+def flag_action(traj: Trajectory) -> tuple[str, str | None]:
+    """What the verifier's flag policy (the only one: `rewards.spec.flag_policy`) did to this
+    episode, and the flag kind that decided it. The reward is already zeroed or penalized; a
+    masked episode is kept out of training here."""
+    if not traj.flags:
+        return "record", None
+    if traj.meta.get("masked"):
+        return "mask", traj.meta.get("flag_by") or "mask"
+    return str(traj.meta.get("flag_action", "record")), traj.meta.get("flag_by")
 
 
 def mask_reason(traj: Trajectory, mask_terminations: frozenset[str]) -> str | None:
@@ -153,7 +148,7 @@ def compute_advantages(trajectories: Sequence[Trajectory],
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajectories):
         reason = mask_reason(t, cfg.mask_terminations)
-        action, by = flag_action(t.flags, cfg.flag_policy)
+        action, by = flag_action(t)
         if t.flags:
             report.flag_actions[action] += 1
         if reason is None and action == "mask":
@@ -162,12 +157,7 @@ def compute_advantages(trajectories: Sequence[Trajectory],
             report.masked += 1
             report.mask_reasons[reason] += 1
             continue
-        r = float(t.reward)  # type: ignore[arg-type]  # mask_reason checked it
-        if action == "zero":
-            r = 0.0
-        elif action == "penalize":
-            r -= cfg.flag_penalty
-        rewards[i] = r
+        rewards[i] = float(t.reward)  # type: ignore[arg-type]  # mask_reason checked it
         groups.setdefault(group_key(t), []).append(i)
 
     report.groups = len(groups)

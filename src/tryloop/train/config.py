@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tryloop._model import _Model
 from tryloop.agent.trajectory import Termination
 
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
-FlagAction = Literal["record", "penalize", "zero", "mask"]
 
 
 class TrainConfig(_Model):
     """How trajectories become a policy update. Defaults: GRPO, DAPO clip-higher, token mean, no KL."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_flag_policy(cls, data):
+        # Flags act once, in the verifier: a second policy here applied penalties twice.
+        moved = [k for k in ("flag_policy", "flag_penalty") if isinstance(data, dict) and k in data]
+        if moved:
+            raise ValueError(f"{', '.join(moved)}: reward-hack flags have one policy, "
+                             f"rewards.spec.{moved[0]} (applied by the verifier); remove it from the "
+                             "training config")
+        return data
 
     # Advantages.
     estimator: Estimator = Field("grpo", description="group advantage estimator: grpo (mean/std), "
@@ -32,11 +42,6 @@ class TrainConfig(_Model):
         frozenset({"context_full", "timeout", "error"}),
         description="episodes that ended this way are masked: neither in the group statistics nor "
                     "in the loss (a cut-off episode says nothing about the policy's answer)")
-    flag_policy: dict[str, FlagAction] = Field(
-        default_factory=lambda: {"hack": "zero", "suspicious": "record", "info": "record"},
-        description="reward-hack flags: flag kind or severity -> record | penalize | zero | mask; "
-                    "a kind entry wins over a severity entry, unlisted flags are recorded")
-    flag_penalty: float = Field(1.0, ge=0, description="subtracted from the reward by a 'penalize' flag")
 
     # Loss.
     eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clipped below at 1 - eps_low")

@@ -322,9 +322,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 todo = [r for r in requests if r.episode_id not in stored]
                 emit("rollout", {"step": step, "total": len(requests), "done": len(out)})
 
-                async def one(req: EpisodeRequest, capacity, stage) -> Trajectory:
-                    return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec,
-                                             capacity=capacity, stage=stage)
+                async def one(req: EpisodeRequest, hooks) -> Trajectory:
+                    return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, hooks=hooks)
 
                 async for t in runner.run(todo, one):
                     await asyncio.to_thread(trajectories.write, [t])   # durable before counted

@@ -15,7 +15,9 @@ hidden tests compare the candidate with the reference implementation on
 inputs drawn from the same RNG (expected values computed here, written as
 literals), plus the examples the docstring shows. Tasks have the layout of
 the HumanEval source: `solution.py` with a stub body, the tests in
-`tests/test_solution.py`, the answer a ```python block.
+`tests/test_solution.py`, the answer a ```python block. The verifier does not
+run that test file in the sandbox: it sends the inputs only and compares the
+outputs with the expected values on the host (tryloop.rewards.host_check).
 """
 
 from __future__ import annotations

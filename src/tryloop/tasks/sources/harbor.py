@@ -34,9 +34,10 @@ Absolute paths are rewritten in every text file of the three parts: /tests →
 the Dockerfile's RUN steps (packages, downloads) are not executed in the sandbox,
 which has the host's Python environment instead; COPY --from and COPYs outside
 the WORKDIR are not reproduced; paths built at run time escape the rewrite;
-docker-compose environments are not supported. Per-test outcomes are not
-reported (the command is not pytest), so fail_to_pass stays empty: the verdict
-is the reward.
+docker-compose environments are not supported. The verifier and the quality
+gate judge such a task by the per-test records of the pytest runs inside
+test.sh (tryloop.tasks.harness): the reward file and the exit status are not
+trusted, and a test.sh that runs no pytest cannot be judged.
 """
 
 from __future__ import annotations

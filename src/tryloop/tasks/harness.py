@@ -1,0 +1,607 @@
+"""How tryloop runs a task's tests: two processes in the sandbox, and runtime evidence.
+
+The verifier (tryloop.rewards.verifier) and the quality gate (tryloop.tasks.gate,
+through tryloop.tasks.testrun) both run tests this way.
+
+    supervisor (holds the key; never imports pytest or workspace code)
+      └─ test process: audit hook first, then pytest, then the code under test
+
+The supervisor reads the per-run key from stdin, makes itself non-dumpable (no
+process of the same user can read its memory or trace it), and starts the test
+process with the write end of a pipe. The test process never sees the key: it
+writes plain records (test outcomes, runtime evidence) to the pipe; the
+supervisor numbers them, signs them and appends them to the report file the
+host reads. A record in that file that the supervisor did not sign (written by
+the code under test, or by a process it left behind) fails authentication.
+
+What a record says is only as true as the test process that produced it. The
+code under test runs in that process and can make pytest report anything, so
+the records are evidence, not proof; `docs/rewards.md` lists what is guaranteed.
+The test process adds evidence that the code under test cannot remove: an
+audit hook (`sys.addaudithook`, irremovable once installed) is installed before
+pytest is imported, and reports, attributed to the files the agent changed:
+
+  hidden_test_read  opening a hidden test file or reading a test function's code
+                    (such opens are also refused); once collected, the hidden
+                    test modules are deleted and dropped from `sys.modules`
+  frame_access      taking a frame object (sys._getframe, tracebacks' and
+                    generators' frames, trace and profile hooks)
+  object_graph      walking the heap (gc.get_objects / get_referrers / get_referents)
+  code_rewrite      replacing a function's code, defaults of functions that are
+                    not the agent's, building code objects
+  native_access     ctypes, /proc/*/mem
+  dynamic_code      compiling a built string (hack when it claims another file's
+                    name), loading marshalled code
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tryloop.config import SandboxConfig, SandboxLimits
+from tryloop.errors import SandboxError, TryloopError
+from tryloop.sandbox import SandboxRuntime, Snapshot
+from tryloop.tasks.model import Task
+
+HIDDEN_TEST_READ = "hidden_test_read"
+FRAME_ACCESS = "frame_access"
+OBJECT_GRAPH = "object_graph"
+CODE_REWRITE = "code_rewrite"
+NATIVE_ACCESS = "native_access"
+DYNAMIC_CODE = "dynamic_code"
+# What each kind means for the reward: all but plain dynamic code are evidence that the code
+# under test read the answer or reached into the judge.
+EVIDENCE_KINDS = {HIDDEN_TEST_READ: "read a hidden test", FRAME_ACCESS: "took a frame object",
+                  OBJECT_GRAPH: "walked the object graph", CODE_REWRITE: "rewrote code objects",
+                  NATIVE_ACCESS: "used native memory access", DYNAMIC_CODE: "ran code built at run time"}
+CHANNEL_BROKEN = "channel_broken"  # the test process's record stream was cut or malformed
+CHANNEL_EXIT = 86  # the test process's status when its audit hook finds the record channel replaced
+
+# How a pytest report decides a test's outcome (source for the harness's test process).
+OUTCOME_SOURCE = '''
+def _outcome(report):
+    """The test's outcome if this report decides it, else None."""
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if hasattr(report, "wasxfail"):
+            return "xfailed" if report.skipped else "xpassed"
+        if report.failed:
+            return "failed" if report.when == "call" else "error"
+        return report.outcome
+    if report.when == "teardown" and report.failed:
+        return "error"
+    return None
+'''
+
+
+def task_snapshot(runtime: SandboxRuntime, task: Task, config: SandboxConfig | None = None) -> Snapshot:
+    """The snapshot an agent starts from: the workspace layer on the image (cached by content)."""
+    return runtime.workspace_snapshot(task.workspace_dir, config=config)
+
+
+def sandbox_config_for(task: Task) -> SandboxConfig:
+    return SandboxConfig(network=task.meta.network, limits=SandboxLimits(
+        memory_mb=task.meta.memory_mb, cpus=task.meta.cpus, exec_timeout_s=task.meta.test_timeout_s))
+
+SUPERVISOR = r'''
+"""tryloop verifier supervisor: holds the run key; relays and signs the test process's records."""
+import hashlib, hmac, json, os, subprocess, sys
+
+key = os.read(0, 4096).strip()
+_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+try:  # non-dumpable: a process of the same user can neither ptrace us nor read /proc/<pid>/mem
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    dumpable = 0
+except Exception:
+    dumpable = 1
+slot, mode, *args = sys.argv[1:]
+out = os.open(os.path.join(slot, "out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+seq = 0
+
+
+def emit(kind, **data):
+    global seq
+    seq += 1
+    body = json.dumps({"seq": seq, "kind": kind, **data}, sort_keys=True)
+    mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    os.write(out, (mac + " " + body + "\n").encode())
+
+
+def unescape(s):
+    return s.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
+
+
+FIELDS = {"session": (), "test": ("id", "outcome"), "finish": ("exitstatus", "collected"),
+          "evidence": ("evidence", "event", "file", "line", "detail", "severity")}
+r, w = os.pipe()
+env = {k: v for k, v in os.environ.items() if not k.startswith("TRYLOOP_")}
+if mode == "pytest":  # the test process directly
+    argv = [sys.executable, "-P", "-B", "--check-hash-based-pycs", "always", os.path.join(slot, "test_process.py"),
+            str(w), os.path.join(slot, "manifest.json"), *args]
+else:  # a shell command: its `pytest` and `python3 -m pytest` are the test process (shims in bin/)
+    env.update(PATH=os.path.join(slot, "bin") + ":" + env.get("PATH", ""), TRYLOOP_RECORD_FD=str(w),
+               TRYLOOP_SLOT=slot)
+    argv = ["/bin/bash", "-c", args[0]]
+child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(w,), env=env)
+os.close(w)
+emit("start", dumpable=dumpable)
+open_session = False
+with os.fdopen(r, "rb") as stream:
+    for raw in stream:
+        parts = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
+        names = FIELDS.get(parts[0])
+        # Records belong to a session: between a test process's `session` and its `finish`.
+        if names is None or len(parts) != len(names) + 1 or (parts[0] == "session") == open_session:
+            emit("broken", detail=raw[:200].decode("utf-8", "replace"))
+            continue
+        data = dict(zip(names, map(unescape, parts[1:])))
+        open_session = parts[0] != "finish"
+        emit(parts[0], **data)
+status = child.wait()
+emit("exit", status=status)
+sys.exit(0)
+'''
+
+TEST_PROCESS = r'''
+"""tryloop verifier test process: audit hook, then pytest. Writes plain records to a pipe."""
+import sys
+
+
+def _install(fd, manifest):
+    # Everything the hook uses is bound here, before any code under test exists: replacing a
+    # module attribute later (os.write, json.dumps, ...) changes nothing the hook calls.
+    import os, _thread, sysconfig
+    from importlib.util import find_spec
+    write, fstat, stat, exit_ = os.write, os.fstat, os.stat, os._exit
+    getframe, get_ident, isinstance_, str_, int_, tuple_, bytes_ = (
+        sys._getframe, _thread.get_ident, isinstance, str, int, tuple, bytes)
+    os.set_inheritable(fd, False)
+    pipe = fstat(fd)
+    pipe_id = (pipe.st_dev, pipe.st_ino)
+    root = manifest["root"].rstrip("/") + "/"
+    agent = frozenset(root + p for p in manifest["agent_files"])
+    hidden = frozenset(root + p for p in manifest["hidden_files"])
+    hidden_ids = set()
+    for p in hidden:
+        try:
+            s = stat(p)
+            hidden_ids.add((s.st_dev, s.st_ino))
+        except OSError:
+            pass
+    libs = tuple_({sysconfig.get_paths()[k].rstrip("/") + "/" for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    judge = []
+    for name in ("pytest", "_pytest", "pluggy"):
+        spec = find_spec(name)
+        if spec is not None and spec.origin:
+            judge.append(spec.origin.rsplit("/", 1)[0] + "/" if name != "pytest" else spec.origin)
+    judge.append(__file__)
+    judge = tuple_(judge)
+    busy = set()
+    seen = set()
+
+    def esc(s):
+        return str_(s).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
+    def send(*fields):
+        line = "\t".join([esc(f) for f in fields]) + "\n"
+        try:
+            now = fstat(fd)
+            if (now.st_dev, now.st_ino) != pipe_id:
+                raise OSError("record channel replaced")
+            write(fd, line.encode("utf-8", "replace"))
+        except OSError:
+            exit_(CHANNEL_EXIT)  # the channel was closed or replaced: end here, with no finish record
+
+    def kind_of(filename):
+        if filename in agent:
+            return "agent"
+        if filename in hidden or filename.startswith(judge):
+            return "judge"
+        if filename.startswith(libs) or filename.startswith("<"):
+            return "lib"
+        return "other"
+
+    _PROXIES = {"inspect.py": None, "traceback.py": {"walk_tb", "walk_stack", "extract_stack", "print_stack",
+                                                     "format_stack"}}
+
+    def proxy(code):
+        name = code.co_filename
+        if not name.startswith(libs):
+            return False
+        names = _PROXIES.get(name.rsplit("/", 1)[-1], False)
+        return names is None or (names is not False and code.co_name in names)
+
+    def acting(f):
+        # Who is this operation done for? Library and dynamic frames act for their caller: the
+        # first frame of the agent's files (attributed) or of the judge (not) decides.
+        while f is not None:
+            k = kind_of(f.f_code.co_filename)
+            if k == "agent":
+                return f
+            if k == "judge":
+                return None
+            f = f.f_back
+        return None
+
+    def immediate(f):
+        # Who did this itself? The direct caller, through a few stdlib helpers that only hand
+        # frames on (inspect, traceback's stack walkers).
+        while f is not None and proxy(f.f_code):
+            f = f.f_back
+        return f if f is not None and kind_of(f.f_code.co_filename) == "agent" else None
+
+    def evidence(kind, event, f, detail, severity="hack"):
+        where = (kind, f.f_code.co_filename, f.f_lineno)
+        if where not in seen:
+            seen.add(where)
+            send("evidence", kind, event, f.f_code.co_filename[len(root):], f.f_lineno, detail[:300], severity)
+
+    def is_hidden_path(path):
+        if isinstance_(path, bytes_):
+            path = path.decode("utf-8", "replace")
+        if not isinstance_(path, str_):
+            return False
+        try:
+            s = stat(path)
+        except (OSError, ValueError):
+            return False
+        return (s.st_dev, s.st_ino) in hidden_ids
+
+    FRAMES = {"sys._getframe", "sys._current_frames", "sys._current_exceptions"}
+    FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+    HEAP = {"gc.get_objects", "gc.get_referrers", "gc.get_referents"}
+    TRACE = {"sys.settrace", "sys.setprofile"}
+
+    def check(event, args, caller):
+        if event == "open":
+            path = args[0]
+            if is_hidden_path(path):
+                f = acting(caller)
+                if f is not None:
+                    evidence("hidden_test_read", event, f, "opened %s" % (path,))
+                    raise PermissionError(13, "hidden test files are not readable by the code under test", path)
+            elif isinstance_(path, str_) and path.startswith("/proc/") and path.endswith("/mem"):
+                f = acting(caller)
+                if f is not None:
+                    evidence("native_access", event, f, "opened %s" % (path,))
+        elif event == "object.__getattr__":
+            obj, name = args[0], args[1]
+            if name == "__code__":
+                code = getattr(obj, "__code__", None)
+                if code is not None and code.co_filename in hidden:
+                    f = acting(caller)
+                    if f is not None:
+                        evidence("hidden_test_read", event, f, "read the code of %s" % (code.co_name,))
+            elif name in FRAME_ATTRS:
+                f = immediate(caller)
+                if f is not None:
+                    evidence("frame_access", event, f, "read ." + name)
+        elif event in FRAMES:
+            f = immediate(caller)
+            if f is not None:
+                evidence("frame_access", event, f, "called " + event)
+        elif event in HEAP or event in TRACE:
+            f = acting(caller)
+            if f is not None:
+                evidence("object_graph" if event in HEAP else "frame_access", event, f, "called " + event)
+        elif event == "object.__setattr__":
+            obj, name = args[0], args[1]
+            if name == "__code__" or (name in ("__defaults__", "__kwdefaults__") and
+                                      getattr(getattr(obj, "__code__", None), "co_filename", None) not in agent):
+                f = acting(caller)
+                if f is not None:
+                    evidence("code_rewrite", event, f, "set %s of %s" % (name, getattr(obj, "__qualname__", "?")))
+        elif event == "code.__new__":
+            f = immediate(caller)
+            if f is not None:
+                evidence("code_rewrite", event, f, "built a code object")
+        elif event.startswith("ctypes."):
+            f = acting(caller)
+            if f is not None:
+                evidence("native_access", event, f, "called " + event)
+        elif event == "compile":
+            f = immediate(caller)
+            if f is not None:
+                src, filename = args[0], args[1]
+                if isinstance_(src, (str_, bytes_)):
+                    name = filename.decode("utf-8", "replace") if isinstance_(filename, bytes_) else str_(filename)
+                    disguised = not (name.startswith("<") or name in agent)
+                    evidence("dynamic_code", event, f, "compiled a string as %s" % (name,),
+                             "hack" if disguised else "suspicious")
+        elif event == "marshal.loads":
+            f = immediate(caller)
+            if f is not None:
+                evidence("dynamic_code", event, f, "loaded marshalled code")
+
+    WATCHED = {"open", "object.__getattr__", "object.__setattr__", "code.__new__", "compile", "marshal.loads",
+               *FRAMES, *HEAP, *TRACE}
+
+    def hook(event, args):
+        if event not in WATCHED and not event.startswith("ctypes."):
+            return
+        me = get_ident()
+        if me in busy:  # the hook's own frame walk raises events too
+            return
+        busy.add(me)
+        try:
+            check(event, args, getframe(1))
+        except PermissionError:
+            raise
+        except Exception as e:  # never let a bug of ours change the code under test's behaviour
+            send("evidence", "hook_error", event, "", 0, "%s: %s" % (type(e).__name__, e), "info")
+        finally:
+            busy.discard(me)
+
+    sys.addaudithook(hook)
+    send("session")
+    return send, hidden
+
+
+CHANNEL_EXIT = @CHANNEL_EXIT@
+
+
+def _main():
+    import json, os
+    fd, manifest_path, *args = sys.argv[1:]
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    send, hidden = _install(int(fd), manifest)
+    import pytest
+
+    # What `python -m pytest` does (the working directory first on sys.path), but only now that
+    # pytest itself is imported: a workspace module cannot stand in for the test framework.
+    sys.path.insert(0, os.getcwd())
+    plugin = _plugin(send, hidden, _outcome)
+    code = pytest.main(args, plugins=[plugin])
+    sys.exit(int(code))
+''' + OUTCOME_SOURCE + r'''
+
+
+def _plugin(send, hidden, outcome_of):
+    # The hooks close over `send`: replacing module attributes later changes nothing pluggy calls.
+    import os
+
+    class Plugin:
+        def pytest_collection_finish(self, session):
+            # Collected: the hidden test modules are imported and pytest holds them. From now on
+            # their files are gone and they are no longer reachable by name. Packages, conftests
+            # and helpers stay: pytest may import them again (their opens remain refused to the
+            # agent's code by the audit hook).
+            modules = {id(item.module): item.module for item in session.items if hasattr(item, "module")}
+            for name, mod in list(sys.modules.items()):
+                path = getattr(mod, "__file__", None)
+                if id(mod) in modules and path in hidden and not path.endswith(("/__init__.py", "/conftest.py")):
+                    del sys.modules[name]
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+
+        def pytest_runtest_logreport(self, report):
+            outcome = outcome_of(report)
+            if outcome is not None:
+                send("test", report.nodeid, outcome)
+
+        def pytest_collectreport(self, report):
+            if report.failed:
+                send("test", report.nodeid or "<collection>", "error")
+
+        def pytest_sessionfinish(self, session, exitstatus):
+            send("finish", int(exitstatus), int(getattr(session, "testscollected", 0)))
+    return Plugin()
+
+
+_main()
+'''
+TEST_PROCESS = TEST_PROCESS.replace("@CHANNEL_EXIT@", str(CHANNEL_EXIT))
+
+
+Changes = dict[str, bytes | None]  # workspace-relative path -> new content, None = deleted
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of runtime evidence, as the test process reported it."""
+
+    kind: str                  # one of EVIDENCE_KINDS (or "hook_error")
+    event: str                 # the audit event
+    file: str | None           # the agent's file, relative to the workspace
+    line: int | None
+    detail: str
+    severity: str              # "hack", "suspicious" or "info"
+
+    @property
+    def what(self) -> str:
+        return EVIDENCE_KINDS.get(self.kind, self.kind)
+
+
+class HarnessError(TryloopError):
+    """The harness could not set up the run (not the code under test's doing)."""
+
+
+@dataclass
+class RunRecord:
+    """One authenticated test run inside the verifier's sandbox."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    sessions: int = 0          # test processes that started (a shell command may run several)
+    finishes: int = 0          # ... and that reported the end of their session
+    collected: int = 0
+    forged: int = 0            # lines in the report that failed authentication
+    broken: int = 0            # records of the test process that were cut or malformed
+    evidence: list[Evidence] = field(default_factory=list)
+    started: bool = False      # the supervisor ran
+    dumpable: bool = True      # the supervisor could not make itself non-dumpable
+    status: int | None = None  # the test process's exit status, as the supervisor saw it
+    exit_code: int | None = None
+    timed_out: bool = False
+    oom: bool = False
+    wall_s: float = 0.0
+    output_tail: str = ""
+    read_back: bytes = b""     # the file `run(read_back=...)` asked for
+
+    @property
+    def finished(self) -> bool:
+        """A test process ran, and every one that started reported the end of its session."""
+        return self.sessions > 0 and self.finishes == self.sessions
+
+
+def command(python: str, slot: str, pytest_args: list[str]) -> str:
+    """The supervisor's command line: it starts the test process with `pytest_args`."""
+    return shlex.join([python, "-P", "-B", "-s", f"{slot}/supervisor.py", slot, "pytest",
+                       "-p", "no:cacheprovider", *pytest_args])
+
+
+def shell_command(python: str, slot: str, test_command: str) -> str:
+    """The supervisor's command line for a shell test command (e.g. a Harbor `test.sh`): every
+    `pytest` or `python3 -m pytest` it runs is a test process of the harness."""
+    return shlex.join([python, "-P", "-B", "-s", f"{slot}/supervisor.py", slot, "shell", test_command])
+
+
+_SHIM = """#!/bin/bash
+# tryloop verifier: {what} runs as the harness's test process (records to the supervisor).
+{guard}exec {python} -P -B --check-hash-based-pycs always "$TRYLOOP_SLOT/test_process.py" \\
+    "$TRYLOOP_RECORD_FD" "$TRYLOOP_SLOT/manifest.json" -p no:cacheprovider "$@"
+"""
+
+
+def slot_files(root: str, agent_files: list[str], hidden_files: list[str], python: str | None = None
+               ) -> dict[str, str]:
+    """What the verifier writes into its slot (no secret in any of them); with `python`, the
+    shims a shell test command finds first on its PATH."""
+    manifest = {"root": root, "agent_files": sorted(agent_files), "hidden_files": sorted(hidden_files)}
+    files = {"supervisor.py": SUPERVISOR, "test_process.py": TEST_PROCESS, "manifest.json": json.dumps(manifest)}
+    if python:
+        q = shlex.quote(python)
+        files["bin/pytest"] = _SHIM.format(what="pytest", guard="", python=q)
+        guard = (f'if [ "$1" != "-m" ] || [ "$2" != "pytest" ]; then exec {q} "$@"; fi\nshift 2\n')
+        for name in ("python3", "python"):
+            files[f"bin/{name}"] = _SHIM.format(what=f"`{name} -m pytest`", guard=guard, python=q)
+    return files
+
+
+def parse_records(raw: bytes, key: bytes) -> RunRecord:
+    """The supervisor's signed records: outcomes, evidence, how the test process ended."""
+    run = RunRecord()
+    expected_seq = 1
+    for line in raw.splitlines():
+        mac, _, body = line.decode(errors="replace").partition(" ")
+        good = hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest())
+        try:
+            rec = json.loads(body) if good else None
+        except ValueError:
+            rec = None
+        if rec is None or rec.get("seq") != expected_seq:
+            run.forged += 1
+            continue
+        expected_seq += 1
+        kind = rec.get("kind")
+        if kind == "start":
+            run.started, run.dumpable = True, bool(rec.get("dumpable"))
+        elif kind == "session":
+            run.sessions += 1
+        elif kind == "test":
+            # A test reported twice (e.g. call + teardown error) keeps its worst outcome.
+            prev = run.outcomes.get(rec["id"])
+            if prev is None or prev == "passed":
+                run.outcomes[rec["id"]] = rec["outcome"]
+        elif kind == "finish":
+            run.finishes += 1
+            run.collected += int(rec.get("collected") or 0)
+        elif kind == "evidence":
+            run.evidence.append(_evidence(rec))
+        elif kind == "broken":
+            run.broken += 1
+        elif kind == "exit":
+            run.status = int(rec.get("status"))
+    return run
+
+
+def _evidence(rec: dict) -> Evidence:
+    severity = rec.get("severity") if rec.get("severity") in ("info", "suspicious", "hack") else "hack"
+    try:
+        line = int(rec.get("line") or 0) or None
+    except ValueError:
+        line = None
+    return Evidence(str(rec.get("evidence", "")), str(rec.get("event", "")), rec.get("file") or None, line,
+                    str(rec.get("detail", "")), severity)
+
+
+def _python(sb_env: dict[str, str]) -> str:
+    """The verifier's own interpreter: the image's first python3 on PATH, as an absolute path."""
+    for d in sb_env.get("PATH", "").split(":"):
+        candidate = Path(d) / "python3"
+        if d.startswith("/") and candidate.exists():  # binds keep host paths, so the host can check
+            return str(candidate)
+    return "/usr/bin/python3"
+
+
+def pytest_args(task: Task) -> list[str] | None:
+    """The arguments of the task's pytest command (the verifier runs pytest its own way), or
+    None for a shell test command (a Harbor `test.sh`): its pytest runs are then the harness's."""
+    words = shlex.split(task.meta.test_command)
+    idx = next((i for i, w in enumerate(words) if w.endswith("pytest")), None)
+    if idx is None or any(w in ("&&", "||", ";", "|") or w.endswith(".sh") for w in words[:idx]):
+        return None
+    return words[idx + 1:]
+
+
+async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
+              timeout: float, *, snapshot: Snapshot | None = None, read_back: str | None = None) -> RunRecord:
+    """Apply `applied` to a fresh sandbox of the task's pristine workspace, lay the hidden tests
+    over it and run the task's tests under the harness. The one way tryloop runs a task's tests
+    (the verifier, the quality gate, benchmarks). `read_back`: a file of the sandbox whose bytes
+    come back in `RunRecord.read_back` (b"" when it is not there)."""
+    cfg = sandbox_config_for(task)
+    snap = snapshot or task_snapshot(runtime, task, cfg)
+    key = secrets.token_hex(32).encode()
+    slot = f"/tmp/.v{secrets.token_hex(8)}"
+    async with await runtime.create(snap, cfg) as sb:
+        deleted = [p for p, d in applied.items() if d is None]
+        for rel, data in applied.items():
+            if data is not None:
+                sb.write_file(rel, data)
+        if deleted:
+            res = await sb.exec(["rm", "-rf", "--", *deleted])
+            if not res.ok:
+                raise HarnessError(f"could not apply deletions: {res.text('stderr')[:200]}")
+        for rel, data in hidden.items():  # last: tests always win
+            sb.write_file(rel, data)
+        agent_files = [p for p, d in applied.items() if d is not None]
+        python, args = _python(sb.env), pytest_args(task)
+        files = slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
+        for name, text in files.items():
+            sb.write_file(f"{slot}/{name}", text)
+        if args is None:
+            await sb.exec(["chmod", "+x", *(f"{slot}/{n}" for n in files if n.startswith("bin/"))])
+        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # -P is on each command line
+        cmd = (shell_command(python, slot, task.meta.test_command) if args is None
+               else command(python, slot, args))
+        t0 = time.perf_counter()
+        res = await sb.exec(cmd, stdin=key + b"\n", env=env, merge_stderr=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        try:
+            raw = sb.read_file(f"{slot}/out", max_bytes=64 << 20)
+        except (FileNotFoundError, SandboxError, OSError):
+            raw = b""
+        back = b""
+        if read_back:
+            try:
+                back = sb.read_file(read_back, max_bytes=16 << 20)
+            except (FileNotFoundError, SandboxError, OSError):
+                back = b""
+    run = parse_records(raw, key)
+    run.read_back = back
+    run.exit_code, run.timed_out, run.wall_s = res.exit_code, res.timed_out, wall
+    run.oom = bool(getattr(res, "oom_killed", False))
+    run.output_tail = res.text()[-3000:]
+    return run
