@@ -130,6 +130,10 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
                    concurrency: int = 2) -> GateResult:
     """Run the gate on one task in fresh sandboxes (2K runs, `concurrency` at a time)."""
     cfg = cfg or GateConfig()
+    if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
+        from tryloop.tasks.families.gate import validate_answer
+
+        return await validate_answer(runtime, task, cfg)
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
@@ -176,6 +180,12 @@ class GateReport:
 
     def reject(self, group: str, reason: str) -> None:
         self.rejected[group][reason] += 1
+
+    def merge(self, other: GateReport) -> None:
+        self.kept.update(other.kept)
+        for g, c in other.rejected.items():
+            self.rejected[g].update(c)
+        self.test_seconds += other.test_seconds
 
     def groups(self) -> list[str]:
         return sorted(set(self.kept) | set(self.rejected))
