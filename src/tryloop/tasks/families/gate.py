@@ -2,8 +2,8 @@
 
 No hidden tests run here; the gate checks what the verifier will rely on, K
 times, and decides with the code gate's own rules (`gate.judge`: outcomes that
-differ between runs are flaky, the reference must pass everything, the
-do-nothing state must fail something):
+differ between runs are flaky, the do-nothing state must fail something) plus
+one of its own: the reference must pass every sub-step and field:
 
 1. the check (`tests/check.json`) loads (`check_missing`, `check_invalid`);
 2. each round, in a fresh sandbox from the task's workspace snapshot, every data
@@ -101,7 +101,10 @@ async def validate_answer(runtime: SandboxRuntime, task: Task, cfg: GateConfig |
         return GateResult(task.id, False, e.reason, str(e))
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
-    res = judge(task.id, broken, fixed, cfg)
-    if not res.accepted and res.reason == REFERENCE_FAILS:
-        res.detail = f"the reference answer does not pass: {fixed[0].output_tail}"
-    return res
+    # Every sub-step and field decides the verdict, so the reference must pass all of them (the code
+    # gate's judge only needs some test to pass, the others being left out of the acceptance set).
+    bad = next((r for r in fixed if r.exit_code != 0), None)
+    if bad is not None:
+        return GateResult(task.id, False, REFERENCE_FAILS, f"the reference answer does not pass: {bad.output_tail}",
+                          broken_runs=broken, fixed_runs=fixed)
+    return judge(task.id, broken, fixed, cfg)

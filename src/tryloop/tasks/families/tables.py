@@ -124,9 +124,10 @@ def reference_db(files: dict[str, bytes]) -> sqlite3.Connection:
                 _load_rows(conn, table, columns, [[_sql_value(r.get(c)) for c in columns] for r in recs])
             else:
                 conn.execute(f"ATTACH DATABASE ':memory:' AS \"{table}\"")
-                conn.deserialize(data, name=table)
+                if data:  # an empty file is an empty database, as sqlite3 opens it
+                    conn.deserialize(data, name=table)
                 conn.execute(f'SELECT count(*) FROM "{table}".sqlite_master').fetchone()
-        except (ValueError, UnicodeDecodeError, StopIteration, csv.Error, sqlite3.Error) as e:
+        except (ValueError, UnicodeDecodeError, StopIteration, csv.Error, sqlite3.Error, MemoryError) as e:
             raise CheckError(f"{path}: unreadable as {suffix[1:]}: {type(e).__name__}: {e}", DATA_UNREADABLE) from None
     if not seen:
         raise CheckError("the workspace has no data file (.csv, .jsonl, .db, .sqlite)", DATA_UNREADABLE)
