@@ -3,6 +3,8 @@ team acting through the tools is not passed; each family's environment brings it
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tryloop.agent.environments import Environments
@@ -45,3 +47,57 @@ async def test_answer_hackers_through_the_tools_are_not_passed(envs, family_task
     t = family_tasks[0]
     traj = await run_episode(EpisodeRequest(f"hack-{attack}", t), Hacker(attack), envs)
     assert traj.termination == "submitted" and traj.verdict == "fail", (attack, traj.verdict_reason)
+
+
+def test_each_environment_declares_its_prompt_and_tools(family_tasks, task):
+    from tryloop.agent.episode import system_prompt
+    from tryloop.agent.profiles import profile_for
+
+    data, docs = family_tasks[0], family_tasks[-1]
+    assert profile_for(task).name == "software" and "- sql(" not in system_prompt(task)
+    assert system_prompt(task).startswith("You are a software engineer")
+    assert "- sql(database: string, query: string)" in system_prompt(data) and "data analyst" in system_prompt(data)
+    assert "- validate_json(" in system_prompt(docs) and "- replace(" not in system_prompt(docs)
+
+
+async def test_the_sql_and_validate_json_tools_act_in_the_sandbox(envs, family_tasks):
+    from tryloop.agent.scripted import _Scripted
+    from tryloop.agent.trajectory import ToolCall
+
+    data = next(t for t in family_tasks if "data/tickets.db" in t.workspace_files())
+    docs = family_tasks[-1]
+
+    class Script(_Scripted):
+        name = "script"
+
+        def __init__(self, calls):
+            self.calls = calls
+
+        def steps(self, task, rng):
+            for c in self.calls:
+                yield [c]
+
+    t = await run_episode(EpisodeRequest("sql", data), Script([
+        ToolCall("sql", {"database": "data/tickets.db", "query": "SELECT count(DISTINCT id) AS n FROM tickets"}),
+        ToolCall("sql", {"database": "data/tickets.db", "query": "DELETE FROM tickets"}),
+        ToolCall("sql", {"database": "data/tickets.db", "query": "SELEC nonsense"}),
+        ToolCall("validate_json", {"path": "answer.json", "schema": "schema.json"})]), envs)
+    obs = [o for turn in t.turns for o in turn.observations]
+    rows = json.loads(data.solution_files()["answer.json"])["rows"]
+    assert obs[0].ok and obs[0].content.splitlines() == ["n", str(rows)]
+    assert not obs[1].ok and "readonly" in obs[1].content          # read-only: the data stays as it is
+    assert not obs[2].ok and "syntax error" in obs[2].content
+    assert not obs[3].ok and "unknown tool 'validate_json'" in obs[3].content   # not a data tool
+    assert t.changes == {}
+
+    answer = json.loads(docs.solution_files()["answer.json"])
+    bad = {**answer, next(iter(answer)): 12}
+    t = await run_episode(EpisodeRequest("validate", docs), Script([
+        ToolCall("write", {"path": "answer.json", "content": json.dumps(bad)}),
+        ToolCall("validate_json", {"path": "answer.json", "schema": "schema.json"}),
+        ToolCall("write", {"path": "answer.json", "content": json.dumps(answer)}),
+        ToolCall("validate_json", {"path": "answer.json", "schema": "schema.json"})]), envs)
+    obs = [o for turn in t.turns for o in turn.observations]
+    assert "NOT valid" in obs[1].content and f"/{next(iter(answer))}" in obs[1].content
+    assert obs[3].content == "answer.json is valid against schema.json"
+    assert t.verdict == "pass"

@@ -29,7 +29,8 @@ from tryloop.agent.capacity import Capacity, Unlimited
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.environments import Environments
 from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
-from tryloop.agent.tools import SCHEMAS, SUBMIT, Toolbox, ToolLimits
+from tryloop.agent.profiles import profile_for
+from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
 from tryloop.rewards.spec import RewardSpec
@@ -37,8 +38,7 @@ from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import encode_changes, verify
 from tryloop.tasks.model import Task
 
-SYSTEM_PROMPT = """You are a software engineer working in a Linux sandbox. The repository is in /workspace.
-Fix the problem described by the user: read the code, edit files, run the tests, and call submit when done.
+SYSTEM_PROMPT = """{intro}
 
 Tools (call one per message):
 {tools}
@@ -61,12 +61,13 @@ def system_prompt(task: Task | None = None, *, max_turns: int | None = None) -> 
     would only mislead (and cost ~280 prompt tokens per episode)."""
     if task is not None and task.meta.answer_file and max_turns == 1:
         return ANSWER_ONLY_PROMPT.format(path=task.meta.answer_file)
+    profile = profile_for(task)   # the task's environment: its prompt and tools
     lines = []
-    for s in SCHEMAS:
+    for s in profile.schemas:
         f = s["function"]
         args = ", ".join(f"{k}: {v['type']}" for k, v in f["parameters"]["properties"].items())
         lines.append(f"- {f['name']}({args}): {f['description']}")
-    text = SYSTEM_PROMPT.format(tools="\n".join(lines))
+    text = SYSTEM_PROMPT.format(intro=profile.intro, tools="\n".join(lines))
     if task is not None and task.meta.answer_file:
         text += ANSWER_NOTE.format(path=task.meta.answer_file)
     return text
@@ -143,7 +144,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         sb = await envs.acquire(task)
     stage("running")
     try:
-        tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
+        tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars),
+                        schemas=profile_for(task).schemas)
         session = policy.session(system_prompt(task, max_turns=limits.max_turns), task.instruction,
                                  seed=req.seed, task=task)
         observations: list[Observation] | None = None

@@ -33,6 +33,7 @@ TOO_SLOW = "too_slow"
 NO_TESTS = "no_tests_reported"
 INFRA = "infrastructure_error"
 TIMEOUT = "test_run_timed_out"
+UNKNOWN_ENVIRONMENT = "unknown_environment"
 
 
 @dataclass
@@ -129,7 +130,12 @@ def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateCo
 async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None = None,
                    concurrency: int = 2) -> GateResult:
     """Run the gate on one task in fresh sandboxes (2K runs, `concurrency` at a time)."""
+    from tryloop.agent.profiles import PROFILES
+
     cfg = cfg or GateConfig()
+    if task.meta.environment not in PROFILES:  # no episode could be run on it
+        return GateResult(task.id, False, UNKNOWN_ENVIRONMENT, f"[metadata.tryloop] environment "
+                          f"{task.meta.environment!r} is not one of {', '.join(PROFILES)}")
     if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
         from tryloop.tasks.families.gate import validate_answer
 
