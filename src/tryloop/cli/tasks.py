@@ -209,6 +209,10 @@ def variant(
 def build_default(
     per_project: Annotated[int, typer.Option("--per-project", help="mutation tasks per bundled project")] = 8,
     humaneval: Annotated[int | None, typer.Option("--humaneval", help="HumanEval problems (default: all)")] = None,
+    data_per_family: Annotated[int, typer.Option("--data-per-family", help="data-analysis variants per "
+                                                                           "question template (24)")] = 3,
+    docs_per_family: Annotated[int, typer.Option("--docs-per-family", help="structured-document variants per "
+                                                                           "(kind, tier) family (12)")] = 5,
     store: StoreUrl = None, k: K = None, seed: Seed = None, eval_fraction: EvalFraction = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -217,7 +221,8 @@ def build_default(
     from tryloop.tasks import factory
 
     cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
-    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, seed=cfg.tasks.seed,
+    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
+                                docs_per_family=docs_per_family, seed=cfg.tasks.seed,
                                 eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
     work = _work_dir(cfg)
 
