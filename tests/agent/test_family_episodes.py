@@ -101,3 +101,25 @@ async def test_the_sql_and_validate_json_tools_act_in_the_sandbox(envs, family_t
     assert "NOT valid" in obs[1].content and f"/{next(iter(answer))}" in obs[1].content
     assert obs[3].content == "answer.json is valid against schema.json"
     assert t.verdict == "pass"
+
+
+async def test_the_trajectory_records_the_turn_each_sub_step_was_first_met(envs, family_tasks):
+    from tryloop.agent.scripted import _Scripted
+    from tryloop.agent.trajectory import ToolCall
+
+    t = family_tasks[0]
+    gold = json.loads(t.solution_files()["answer.json"])
+
+    class Stepwise(_Scripted):
+        name = "stepwise"
+
+        def steps(self, task, rng):
+            yield [ToolCall("shell", {"command": "head -3 data/*.csv"})]
+            yield [ToolCall("write", {"path": "answer.json", "content": json.dumps({"rows": gold["rows"]})})]
+            yield [ToolCall("write", {"path": "answer.json", "content": json.dumps(gold)})]
+
+    traj = await run_episode(EpisodeRequest("stepwise", t), Stepwise(), envs)
+    assert traj.verdict == "pass"
+    assert traj.meta["substeps_first_met"] == {"step:rows": 1, "step:answer": 2}
+    nothing = await run_episode(EpisodeRequest("nothing", t), DoNothing(), envs)
+    assert nothing.meta["substeps_first_met"] == {"step:rows": None, "step:answer": None}

@@ -33,6 +33,8 @@ from tryloop.agent.profiles import profile_for
 from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
+from tryloop.errors import SandboxError
+from tryloop.rewards.answers import StepTracker
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import encode_changes, verify
@@ -149,6 +151,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         session = policy.session(system_prompt(task, max_turns=limits.max_turns), task.instruction,
                                  seed=req.seed, task=task)
         observations: list[Observation] | None = None
+        tracker = StepTracker.for_task(task)   # sub-steps checked after each turn, when the task asks
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):
             left = deadline - time.perf_counter()
@@ -202,6 +205,12 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                 if time.perf_counter() > deadline:
                     break
             turn.observations = observations
+            if tracker is not None:
+                try:
+                    answer = sb.read_file(tracker.answer_file, max_bytes=1 << 20)
+                except (FileNotFoundError, IsADirectoryError, OSError, SandboxError):
+                    answer = None
+                tracker.observe(index, answer)
             turn.env_s = sum(o.env_s for o in observations)
             env_s += turn.env_s
             if submitted:
@@ -213,6 +222,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         envs.release(sb)
     if skipped:
         traj.meta["skipped_files"] = skipped[:50]
+    if tracker is not None:
+        traj.meta["substeps_first_met"] = dict(tracker.first_met)   # sub-step -> turn index, or None
     traj.messages = session.messages
     tok = session.tokens
     traj.token_ids, traj.logprobs, traj.loss_mask = tok.ids, tok.logprobs, tok.mask

@@ -267,6 +267,42 @@ def grade(task: Task, final: dict[str, bytes], pristine: dict[str, bytes] | None
     return grade_document(check, answer)
 
 
+class StepTracker:
+    """The turn at which each sub-step (or field) was first met, for a task whose check asks for it
+    (`track`). After each turn the episode hands over the answer file's bytes; the gold is computed
+    once. The verifier's verdict still decides; this only records progress along the way."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.check = load_check(task)
+        self.gold = data_gold(self.check, task.workspace_files()) if isinstance(self.check, DataCheck) else None
+        self.first_met: dict[str, int | None] = {}
+
+    @classmethod
+    def for_task(cls, task: Task) -> StepTracker | None:
+        from tryloop.tasks.families.check import CheckError
+
+        if task.meta.grader != "answer":
+            return None
+        try:
+            tracker = cls(task)
+        except CheckError:
+            return None   # the verifier will say what is wrong with the check
+        return tracker if tracker.check.track else None
+
+    @property
+    def answer_file(self) -> str:
+        return self.check.answer_file
+
+    def observe(self, turn: int, answer: bytes | None) -> None:
+        g = grade(self.task, {} if answer is None else {self.check.answer_file: answer}, {}, self.gold)
+        for key, outcome in g.outcomes.items():
+            if outcome == PASSED and self.first_met.get(key) is None:
+                self.first_met[key] = turn
+            else:
+                self.first_met.setdefault(key, None)
+
+
 async def judge_answer(runtime: Any, task: Task, sub: Any, spec: Any, verdict: Any) -> None:
     """The verifier's `_judge` for answer-graded tasks: detectors, the answer grade, components."""
     from tryloop.rewards import rules

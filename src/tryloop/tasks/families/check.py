@@ -46,6 +46,8 @@ class Step(_Model):
 class DataCheck(_Model):
     kind: Literal["data"]
     answer_file: str = "answer.json"
+    track: bool = Field(False, description="check the answer file after every turn and record the turn at "
+                                           "which each sub-step was first met (cheap: one file read)")
     steps: list[Step] = Field(min_length=1, description="ordered; the last is the final answer")
 
     @field_validator("steps")
@@ -72,6 +74,7 @@ class FieldRule(_Model):
 class DocumentCheck(_Model):
     kind: Literal["document"]
     answer_file: str = "answer.json"
+    track: bool = Field(False, description="as DataCheck.track, per field")
     json_schema: dict[str, Any] = Field(alias="schema", description="the JSON Schema the answer must satisfy")
     gold: dict[str, Any]
     fields: list[FieldRule] = Field(min_length=1)

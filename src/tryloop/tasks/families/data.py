@@ -466,7 +466,7 @@ def make_data_task(q: Question, index: int, seed: int, dest: Path, *, attempts: 
         rng = random.Random(f"{seed}:{SOURCE}:{q.family}:{index}:{attempt}")
         ds = DATASETS[q.dataset](rng)
         params = q.params(rng, ds.facts)
-        check = DataCheck(kind="data", answer_file=ANSWER_FILE, steps=[
+        check = DataCheck(kind="data", answer_file=ANSWER_FILE, track=True, steps=[
             Step(name="rows", description="distinct records loaded", type="number", sql=ds.rows_sql),
             Step(name="answer", description=q.text.format(**params), type=q.type, sql=q.sql.format(**params),
                  abs_tol=q.abs_tol, ordered=q.ordered, weight=3.0)])

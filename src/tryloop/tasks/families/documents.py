@@ -296,7 +296,8 @@ def make_document_task(kind: Kind, tier: int, index: int, seed: int, dest: Path)
     record = kind.record(rng)
     gold = {k: v for k, v in record.items() if not k.startswith("_")}
     text = kind.render(rng, record, tier)
-    check = DocumentCheck(kind="document", answer_file=ANSWER_FILE, schema=kind.schema, gold=gold, fields=kind.fields)
+    check = DocumentCheck(kind="document", answer_file=ANSWER_FILE, track=True, schema=kind.schema, gold=gold,
+                          fields=kind.fields)
     family = f"{kind.name}-t{tier}"
     meta = TaskMeta(id=f"{SOURCE}/{family}-{index}", family=f"{SOURCE}-{family}", project=SOURCE, source=SOURCE,
                     description=f"{kind.name} extraction (tier {tier})", tier=TIERS[tier],
