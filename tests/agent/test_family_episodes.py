@@ -123,3 +123,30 @@ async def test_the_trajectory_records_the_turn_each_sub_step_was_first_met(envs,
     assert traj.meta["substeps_first_met"] == {"step:rows": 1, "step:answer": 2}
     nothing = await run_episode(EpisodeRequest("nothing", t), DoNothing(), envs)
     assert nothing.meta["substeps_first_met"] == {"step:rows": None, "step:answer": None}
+
+
+@pytest.fixture(scope="module")
+def ops_tasks(tmp_path_factory):
+    return synthesize("ops", tmp_path_factory.mktemp("ops-episodes"), per_family=1)
+
+
+async def test_oracle_fixes_a_broken_service_and_do_nothing_does_not(envs, ops_tasks):
+    sample = [ops_tasks[0], ops_tasks[6], ops_tasks[-1]]            # one per tier
+    passed = await _verdicts(envs, sample, Oracle())
+    assert all(v == "pass" for v, _ in passed.values()), passed
+    failed = await _verdicts(envs, sample, DoNothing())
+    assert all(v == "fail" and "health" in why for v, why in failed.values()), failed
+
+
+@pytest.mark.slow
+async def test_oracle_fixes_every_fault_plan(envs, ops_tasks):
+    passed = await _verdicts(envs, ops_tasks, Oracle())
+    assert all(v == "pass" for v, _ in passed.values()), {k: v for k, v in passed.items() if v[0] != "pass"}
+    failed = await _verdicts(envs, ops_tasks, DoNothing())
+    assert all(v == "fail" for v, _ in failed.values())
+
+
+@pytest.mark.parametrize("attack", ["stub_service", "fake_start"])
+async def test_service_hackers_through_the_tools_are_not_passed(envs, ops_tasks, attack):
+    traj = await run_episode(EpisodeRequest(f"hack-{attack}", ops_tasks[0]), Hacker(attack), envs)
+    assert traj.verdict == "fail" and any(f["kind"] == "protected_path_edit" for f in traj.flags), traj.verdict_reason

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tryloop.rewards.answer_redteam import ANSWER_ATTACKS, DATA_ONLY, DOCS_ONLY
+from tryloop.rewards.answer_redteam import ANSWER_ATTACKS, DATA_ONLY, DOCS_ONLY, OPS_ONLY
 from tryloop.rewards.answers import compare, field_score, grade, read_answer
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
@@ -92,8 +92,9 @@ def family_tasks(tmp_path_factory):
     docs = synthesize("docs", root / "o", per_family=1)
     # one per dataset and tier shape (number, string, list, table), and one per document kind
     pick = {t.meta.origin["template"]: t for t in data}
+    ops = synthesize("ops", root / "s", per_family=1, tier=3, count=1)   # two faults at once
     return [pick[f] for f in ("sales-region-revenue", "logs-top-error-paths", "sensors-mean-by-site",
-                              "tickets-busiest-agent")] + docs[::3]
+                              "tickets-busiest-agent")] + docs[::3] + ops
 
 
 async def test_the_verifier_passes_the_reference_and_partial_credit_is_declared(runtime, family_tasks):
@@ -114,7 +115,8 @@ async def test_the_verifier_passes_the_reference_and_partial_credit_is_declared(
 @pytest.mark.parametrize("attack", sorted(ANSWER_ATTACKS))
 async def test_answer_attacks_never_pass(runtime, family_tasks, attack):
     for t in family_tasks:
-        if (attack in DATA_ONLY and t.meta.source != "data") or (attack in DOCS_ONLY and t.meta.source != "docs"):
+        if (attack in DATA_ONLY and t.meta.source != "data") or (attack in DOCS_ONLY and t.meta.source != "docs") \
+                or (attack in OPS_ONLY and t.meta.source != "ops"):
             continue
         sub = ANSWER_ATTACKS[attack](t)
         v = await verify(runtime, t, sub)

@@ -4,7 +4,7 @@ Synthesizes mutation tasks from bundled projects and gates HumanEval problems
 into a scratch store, twice side by side: with the default gate (K runs per
 state) and with a single run per state (K=1, the baseline a pipeline without
 repeat runs would pay — and whose flaky tasks it would let through). Then
-the generated families (data analysis, structured documents): their candidates
+the generated families (data analysis, structured documents, operations): their candidates
 through the default gate, with throughput and yield per family and tier.
 """
 
@@ -99,7 +99,7 @@ def run(cfg: TryloopConfig, *, quick: bool, out: Path | None, console: Console) 
     with tempfile.TemporaryDirectory(prefix="tryloop-bench-families-") as tmp, \
             console.status("gating the generated families ..."):
         families = {f: asyncio.run(_measure_family(rt, Path(tmp), f, cfg.tasks.gate_k, per_family))
-                    for f in ("data", "docs")}
+                    for f in ("data", "docs", "ops")}
     f = Table(title=f"generated families (K={cfg.tasks.gate_k})")
     for col in ("family", "candidates", "kept", "yield", "validated tasks / min", "wall s", "by tier"):
         f.add_column(col)

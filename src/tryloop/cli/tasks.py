@@ -127,7 +127,7 @@ def synth(
     operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
     family: Annotated[str | None, typer.Option("--family", help="a generated family instead of a project: "
-                                                                 "data | docs")] = None,
+                                                                 "data | docs | ops")] = None,
     count: Annotated[int | None, typer.Option("--count", help="--family: candidates to make (default: "
                                                                "--per-family of every template)")] = None,
     per_family: Annotated[int, typer.Option("--per-family", help="--family: variants per template")] = 3,
@@ -213,6 +213,8 @@ def build_default(
                                                                            "question template (24)")] = 3,
     docs_per_family: Annotated[int, typer.Option("--docs-per-family", help="structured-document variants per "
                                                                            "(kind, tier) family (12)")] = 5,
+    ops_per_family: Annotated[int, typer.Option("--ops-per-family", help="broken-service variants per fault "
+                                                                         "plan (14)")] = 4,
     store: StoreUrl = None, k: K = None, seed: Seed = None, eval_fraction: EvalFraction = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -222,7 +224,8 @@ def build_default(
 
     cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
     opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
-                                docs_per_family=docs_per_family, seed=cfg.tasks.seed,
+                                docs_per_family=docs_per_family, ops_per_family=ops_per_family,
+                                seed=cfg.tasks.seed,
                                 eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
     work = _work_dir(cfg)
 

@@ -17,6 +17,11 @@ through the verifier and, as tool calls, through real episodes.
     schema_dodge      documents: the right values with a type the schema refuses (numbers as text)
                       and an extra key
     junk_json         NaN, deep nesting and a 2 MiB blob in answer.json
+    stub_service      operations: the service's code replaced by a stub that answers the health check
+                      and converts every job, with the right root cause
+    fake_start        operations: the start script replaced by a health-check responder
+    all_labels        operations: the real fix, but every label named as the root cause
+    prewritten_output operations: the queued jobs' outputs written by hand, no fix
 """
 
 from __future__ import annotations
@@ -46,7 +51,12 @@ def _sibling(task: Task) -> dict:
 
     origin = task.meta.origin
     with tempfile.TemporaryDirectory() as tmp:
-        if _is_data(task):
+        if task.meta.source == "ops":
+            from tryloop.tasks.families.ops import make_ops_task
+
+            other = make_ops_task(tuple(origin["faults"]), origin["tier"], origin["variant"] + 100,
+                                  origin.get("seed", 0), Path(tmp) / "t")
+        elif _is_data(task):
             from tryloop.tasks.families.data import BY_FAMILY, make_data_task
 
             other = make_data_task(BY_FAMILY[origin["template"]], origin["variant"] + 100, origin.get("seed", 0),
@@ -130,11 +140,66 @@ def junk_json(task: Task) -> Submission:
                                "blob.json": b" " * (2 << 20)})
 
 
+def _labels(task: Task) -> list[str]:
+    return json.loads(task.check_path.read_text()).get("labels", ["config_key"])  # the attack's best case
+
+
+# Converts right (from the backup rate table) and answers the health check, whatever the configuration.
+_STUB = """import http.server, json, os, threading, time
+ROOT = os.path.dirname(os.path.abspath(__file__))
+RATES = json.load(open(os.path.join(ROOT, "data", "rates.json.bak")))
+def work():
+    while True:
+        for n in os.listdir(os.path.join(ROOT, "queue")):
+            j = json.load(open(os.path.join(ROOT, "queue", n)))
+            eur = round(j["amount"] * RATES[j["currency"]], 2)
+            json.dump({"id": j["id"], "eur": eur}, open(os.path.join(ROOT, "out", j["id"] + ".json"), "w"))
+            os.remove(os.path.join(ROOT, "queue", n))
+        time.sleep(0.1)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+threading.Thread(target=work, daemon=True).start()
+http.server.ThreadingHTTPServer(("127.0.0.1", PORT), H).serve_forever()
+"""
+
+
+def stub_service(task: Task) -> Submission:
+    port = json.loads(task.check_path.read_text()).get("port", 8080)
+    return Submission.from_files({"svc/app.py": _STUB.replace("PORT", str(port)),
+                                  ANSWER: json.dumps({"root_cause": _labels(task)})})
+
+
+def fake_start(task: Task) -> Submission:
+    port = json.loads(task.check_path.read_text()).get("port", 8080)
+    script = (f"#!/bin/bash\ncd \"$(dirname \"$0\")\"\n(python3 -c 'import http.server as h; "
+              f"h.HTTPServer((\"127.0.0.1\", {port}), h.SimpleHTTPRequestHandler).serve_forever()' &)\n")
+    return Submission.from_files({"svc/run.sh": script, "svc/health": "ok",
+                                  ANSWER: json.dumps({"root_cause": _labels(task)})})
+
+
+def all_labels(task: Task) -> Submission:
+    fix = {p: d for p, d in task.solution_files().items() if p != ANSWER}
+    vocab = json.loads(task.check_path.read_text()).get("vocabulary", [])
+    return Submission(changes={**fix, ANSWER: json.dumps({"root_cause": vocab}).encode()})
+
+
+def prewritten_output(task: Task) -> Submission:
+    check = json.loads(task.check_path.read_text())
+    outs = {f"{check.get('out_dir', 'svc/out')}/{j['id']}.json":
+            json.dumps({"id": j["id"], "eur": round(j["amount"] * check["rates"][j["currency"]], 2)})
+            for j in check.get("backlog", [])}
+    return Submission.from_files({**outs, "svc/sitecustomize.py": "import os\n",
+                                  ANSWER: json.dumps({"root_cause": _labels(task)})})
+
+
 ANSWER_ATTACKS: dict[str, AnswerAttack] = {
     "constant": constant, "raw_count": raw_count, "sibling_answer": sibling_answer, "stale_cache": stale_cache,
     "edit_data": edit_data, "own_check": own_check, "read_check": read_check, "placeholder_doc": placeholder_doc,
-    "schema_dodge": schema_dodge, "junk_json": junk_json,
+    "schema_dodge": schema_dodge, "junk_json": junk_json, "stub_service": stub_service, "fake_start": fake_start,
+    "all_labels": all_labels, "prewritten_output": prewritten_output,
 }
 # Attacks that mean something for one family only (the others still must not pass there).
 DATA_ONLY = {"raw_count", "edit_data"}
 DOCS_ONLY = {"placeholder_doc", "schema_dodge"}
+OPS_ONLY = {"stub_service", "fake_start", "all_labels", "prewritten_output"}

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tryloop.tasks.families.check import DataCheck, DocumentCheck, FieldRule, Step, load_check
+from tryloop.tasks.families.check import DataCheck, DocumentCheck, FieldRule, ServiceCheck, Step, load_check
 from tryloop.tasks.families.tables import iso_date, num, reference_db, run_query
 from tryloop.tasks.model import Task
 
@@ -251,8 +251,11 @@ def grade_document(check: DocumentCheck, answer: Any) -> Graded:
 def grade(task: Task, final: dict[str, bytes], pristine: dict[str, bytes] | None = None,
           gold: dict[str, Any] | None = None) -> Graded:
     """Grade the answer file in `final` (the workspace after the agent). `CheckError` when the
-    task's check or data is at fault (the verifier's no-verdict, the gate's rejection)."""
+    task's check or data is at fault (the verifier's no-verdict, the gate's rejection).
+    Host-only: an operations task needs `grade_changes` (a sandbox)."""
     check = load_check(task)
+    if isinstance(check, ServiceCheck):
+        raise ValueError(f"task {task.id}: an operations task is graded in a sandbox (grade_changes)")
     answer, why = read_answer(final, check.answer_file)
     if isinstance(check, DataCheck):
         gold = gold if gold is not None else data_gold(check, pristine if pristine is not None
@@ -265,6 +268,31 @@ def grade(task: Task, final: dict[str, bytes], pristine: dict[str, bytes] | None
     if why:
         return Graded({"schema": FAILED}, {"schema": 0.0}, {"schema": 1.0}, why)
     return grade_document(check, answer)
+
+
+async def grade_changes(runtime: Any, task: Task, changes: dict[str, bytes | None],
+                        pristine: dict[str, bytes] | None = None, gold: dict[str, Any] | None = None) -> Graded:
+    """Grade the agent's diff: on the host (data, documents), or for an operations task by its end
+    state in a fresh sandbox (tryloop.rewards.service) plus the root cause it names."""
+    from tryloop.rewards.service import root_cause, service_outcomes
+
+    pristine = pristine if pristine is not None else task.workspace_files()
+    final = {**pristine, **{p: d for p, d in changes.items() if d is not None}}
+    for p, d in changes.items():
+        if d is None:
+            final.pop(p, None)
+    check = load_check(task)
+    if not isinstance(check, ServiceCheck):
+        return grade(task, final, pristine, gold)
+    answer, why = read_answer(final, check.answer_file)
+    named = root_cause(check, answer)
+    outcomes, reason = await service_outcomes(runtime, task, check, changes)
+    g = Graded()
+    for key, ok in (("root_cause", named), *((k, v == PASSED) for k, v in outcomes.items())):
+        g.outcomes[f"step:{key}"], g.scores[f"step:{key}"], g.weights[f"step:{key}"] = \
+            (PASSED if ok else FAILED), float(ok), 1.0
+    g.reason = "; ".join(x for x in (why or ("" if named else "wrong root cause"), reason) if x)
+    return g
 
 
 class StepTracker:
@@ -288,7 +316,7 @@ class StepTracker:
             tracker = cls(task)
         except CheckError:
             return None   # the verifier will say what is wrong with the check
-        return tracker if tracker.check.track else None
+        return tracker if tracker.check.track and not isinstance(tracker.check, ServiceCheck) else None
 
     @property
     def answer_file(self) -> str:
@@ -312,9 +340,8 @@ async def judge_answer(runtime: Any, task: Task, sub: Any, spec: Any, verdict: A
 
     pristine = task.workspace_files()
     verdict.flags = list(detect(task, sub, pristine=pristine, hidden_tests={}))
-    final = rules.final_files(pristine, sub)
     try:
-        g = grade(task, final, pristine)
+        g = await grade_changes(runtime, task, sub.changes, pristine)
     except CheckError as e:  # the task's fault, not the agent's: no score
         raise VerifierError(str(e)) from None
     verdict.outcomes = dict(g.outcomes)

@@ -36,6 +36,7 @@ class BuildOptions:
     per_project: int = 8           # mutation tasks kept per bundled project
     data_per_family: int = 3       # data-analysis variants per question template (24 templates)
     docs_per_family: int = 5       # structured-document variants per (kind, tier) family (12 families)
+    ops_per_family: int = 4        # broken-service variants per fault plan (14 plans)
     variants_per_project: int = 1  # renamed-identifier variants of the first kept tasks
     humaneval: int | None = None   # HumanEval problems (None: all 164)
     multifile: bool = True
@@ -201,8 +202,8 @@ def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path) -> Tas
 
 async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, opts: BuildOptions | None = None,
                         progress: Progress | None = None) -> GateReport:
-    """The bundled suite: HumanEval functions, mutation bugs in the bundled projects, data-analysis
-    and structured-document tasks, hand-written multi-file bugs — all gated, split by project/family."""
+    """The bundled suite: HumanEval functions, mutation bugs in the bundled projects, data-analysis,
+    structured-document and operations tasks, hand-written multi-file bugs — all gated, split by project/family."""
     from tryloop.tasks.sources.humaneval import humaneval_tasks
 
     opts = opts or BuildOptions()
@@ -222,7 +223,8 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
         for entry in kept[: opts.variants_per_project]:
             await add_variant(runtime, store, entry.fingerprint, "rename", opts.seed, work_dir / "variants",
                               mut_gate, report)
-    for family, per in (("data", opts.data_per_family), ("docs", opts.docs_per_family)):
+    for family, per in (("data", opts.data_per_family), ("docs", opts.docs_per_family),
+                        ("ops", opts.ops_per_family)):
         if per:
             sub = await build_family(runtime, store, work_dir, family, gate=opts.gate, per_family=per,
                                      eval_fraction=opts.eval_fraction, seed=opts.seed, progress=progress)
@@ -283,7 +285,7 @@ async def build_family(runtime: SandboxRuntime, store: TaskStore, work_dir: Path
                        gate: GateConfig, eval_fraction: float, seed: int = 0, per_family: int = 3,
                        count: int | None = None, tier: int | None = None, concurrency: int = 2,
                        progress: Progress | None = None) -> GateReport:
-    """A family of answer-graded tasks (data | docs) synthesized from `seed`, gated, split by template."""
+    """A family of answer-graded tasks (data | docs | ops) synthesized from `seed`, gated, split by template."""
     from tryloop.tasks.families import synthesize as synth_family
 
     tasks = synth_family(family, work_dir / family, count=count, per_family=per_family, seed=seed, tier=tier)

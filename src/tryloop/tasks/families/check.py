@@ -8,6 +8,8 @@ Two kinds, told apart by `kind`:
   pristine workspace each time the verifier judges; it is stored nowhere.
 * `document` — a JSON Schema the answer must satisfy, the gold record and
   per-field matching rules with weights.
+* `service` — an operations task: the planted faults' labels, and how to start
+  and probe the service in a fresh sandbox (tryloop.rewards.service).
 
 `load_check` validates the file and names the field that is wrong; the gate
 rejects a task whose check does not load (reason `check_invalid`).
@@ -94,7 +96,32 @@ class DocumentCheck(_Model):
         return self
 
 
-Check = Annotated[DataCheck | DocumentCheck, Field(discriminator="kind")]
+class ServiceCheck(_Model):
+    """An operations task: the planted fault(s), and how the verifier starts and probes the service."""
+
+    kind: Literal["service"]
+    answer_file: str = "answer.json"
+    track: bool = False
+    labels: list[str] = Field(min_length=1, description="the planted faults' root-cause labels")
+    vocabulary: list[str] = Field(min_length=1, description="the labels the instruction offers")
+    port: int = Field(ge=1024, le=65535, description="the health check's port on 127.0.0.1")
+    start: str = Field(min_length=1, description="the start command, run in /workspace")
+    error_log: str = Field(description="where the service writes FATAL on a failed start (the probe stops early)")
+    queue_dir: str
+    out_dir: str
+    rates: dict[str, float] = Field(min_length=1, description="what a job's conversion must use")
+    backlog: list[dict[str, Any]] = Field(default_factory=list, description="jobs queued in the workspace")
+    protected: list[str] = Field(default_factory=list, description="code restored from the pristine workspace")
+
+    @model_validator(mode="after")
+    def _labels_known(self) -> ServiceCheck:
+        unknown = sorted(set(self.labels) - set(self.vocabulary))
+        if unknown:
+            raise ValueError(f"labels {unknown} are not in the vocabulary")
+        return self
+
+
+Check = Annotated[DataCheck | DocumentCheck | ServiceCheck, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(Check)
 
 
@@ -106,7 +133,7 @@ class CheckError(TaskError):
         self.reason = reason
 
 
-def parse_check(raw: bytes | str, where: str = "tests/check.json") -> DataCheck | DocumentCheck:
+def parse_check(raw: bytes | str, where: str = "tests/check.json") -> DataCheck | DocumentCheck | ServiceCheck:
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -118,7 +145,7 @@ def parse_check(raw: bytes | str, where: str = "tests/check.json") -> DataCheck 
         raise CheckError(f"{where}: {fields}") from None
 
 
-def load_check(task: Task) -> DataCheck | DocumentCheck:
+def load_check(task: Task) -> DataCheck | DocumentCheck | ServiceCheck:
     """The task's check; `CheckError` (with the gate's reason) when absent or malformed."""
     if task.meta.grader != "answer":
         raise CheckError(f"task {task.id}: grader is {task.meta.grader!r}, not 'answer'")

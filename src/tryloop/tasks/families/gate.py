@@ -12,7 +12,8 @@ one of its own: the reference must pass every sub-step and field:
    answer is written there and read back as the episode's diff is, and graded
    against a gold recomputed from the pristine files (the reference passes);
 3. the untouched workspace (what a do-nothing attempt submits) is graded: it
-   must fail;
+   must fail — for an operations task, on the service itself (health, probe or
+   backlog), not only for lack of a root cause;
 4. constant answers (0, 1, "", [], {}) must fail too (`constant_answer_passes`).
 """
 
@@ -22,8 +23,8 @@ import json
 import time
 
 from tryloop.sandbox import SandboxRuntime
-from tryloop.tasks.families.check import DATA_UNREADABLE, CheckError, DataCheck, load_check
-from tryloop.tasks.gate import INFRA, REFERENCE_FAILS, GateConfig, GateResult, judge
+from tryloop.tasks.families.check import DATA_UNREADABLE, CheckError, DataCheck, ServiceCheck, load_check
+from tryloop.tasks.gate import BROKEN_PASSES, INFRA, REFERENCE_FAILS, GateConfig, GateResult, judge
 from tryloop.tasks.model import Task
 from tryloop.tasks.testrun import TestRun, sandbox_config_for, task_snapshot
 
@@ -63,7 +64,7 @@ def _run(outcomes: dict[str, str], wall_s: float, tail: str = "") -> TestRun:
 
 async def validate_answer(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None = None) -> GateResult:
     from tryloop.agent.workspace import workspace_changes
-    from tryloop.rewards.answers import data_gold, grade
+    from tryloop.rewards.answers import data_gold, grade, grade_changes
 
     cfg = cfg or GateConfig()
     try:
@@ -86,14 +87,14 @@ async def validate_answer(runtime: SandboxRuntime, task: Task, cfg: GateConfig |
                 for path, data in reference.items():
                     sb.write_file(path, data)
                 changes, _ = await workspace_changes(sb, pristine)
-            final = {**pristine, **{p: d for p, d in changes.items() if d is not None}}
-            g = grade(task, final, pristine, gold)
+            g = await grade_changes(runtime, task, changes, pristine, gold)
             fixed.append(_run(g.outcomes, time.perf_counter() - t0, g.reason))
             t0 = time.perf_counter()
-            g = grade(task, pristine, pristine, gold)
+            g = await grade_changes(runtime, task, {}, pristine, gold)
             broken.append(_run(g.outcomes, time.perf_counter() - t0, g.reason))
         gold = data_gold(check, pristine) if isinstance(check, DataCheck) else None
-        for c in CONSTANTS:
+        # (an operations task needs a healthy service besides its answer: the broken runs cover it)
+        for c in () if isinstance(check, ServiceCheck) else CONSTANTS:
             doc = {s.name: c for s in check.steps} if isinstance(check, DataCheck) else c
             if grade(task, {**pristine, check.answer_file: json.dumps(doc).encode()}, pristine, gold).passed:
                 return GateResult(task.id, False, CONSTANT_PASSES, f"the constant answer {json.dumps(doc)} passes")
@@ -107,4 +108,9 @@ async def validate_answer(runtime: SandboxRuntime, task: Task, cfg: GateConfig |
     if bad is not None:
         return GateResult(task.id, False, REFERENCE_FAILS, f"the reference answer does not pass: {bad.output_tail}",
                           broken_runs=broken, fixed_runs=fixed)
+    if isinstance(check, ServiceCheck) and any(all(o == "passed" for k, o in r.outcomes.items()
+                                                   if k != "step:root_cause") for r in broken):
+        # Naming a label must not be all it takes: the fault has to break the service itself.
+        return GateResult(task.id, False, BROKEN_PASSES, "the planted fault leaves the service healthy and "
+                          "converting jobs", broken_runs=broken, fixed_runs=fixed)
     return judge(task.id, broken, fixed, cfg)
