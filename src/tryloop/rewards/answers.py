@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tryloop.tasks.families.check import DataCheck, DocumentCheck, FieldRule, ServiceCheck, Step, load_check
+from tryloop.tasks.families.check import (
+    DataCheck,
+    DocumentCheck,
+    FieldRule,
+    ServiceCheck,
+    Step,
+    load_check,
+)
 from tryloop.tasks.families.tables import iso_date, num, reference_db, run_query
 from tryloop.tasks.model import Task
 

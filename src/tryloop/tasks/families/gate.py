@@ -23,7 +23,13 @@ import json
 import time
 
 from tryloop.sandbox import SandboxRuntime
-from tryloop.tasks.families.check import DATA_UNREADABLE, CheckError, DataCheck, ServiceCheck, load_check
+from tryloop.tasks.families.check import (
+    DATA_UNREADABLE,
+    CheckError,
+    DataCheck,
+    ServiceCheck,
+    load_check,
+)
 from tryloop.tasks.gate import BROKEN_PASSES, INFRA, REFERENCE_FAILS, GateConfig, GateResult, judge
 from tryloop.tasks.model import Task
 from tryloop.tasks.testrun import TestRun, sandbox_config_for, task_snapshot
