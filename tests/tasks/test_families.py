@@ -218,3 +218,25 @@ def test_a_planted_answer_cache_is_refused_and_the_store_keeps_what_it_had(runti
     assert report.rejected["data"]["answer_in_workspace"] == 1
     assert [e.id for e in store.query()] == [good.id]
     assert "copy of the reference answer" in store.rejections()[-1]["detail"]
+
+
+@pytest.mark.parametrize("family", ["data", "docs", "ops"])
+def test_near_duplicates_never_span_two_families(tmp_path, family):
+    """Splits are by family: tasks whose fixes look alike must share one, or they could leak across."""
+    from tryloop.tasks.dedup import near_duplicate_key
+
+    families: dict[str, set[str]] = {}
+    for t in synthesize(family, tmp_path, per_family=3):
+        families.setdefault(near_duplicate_key(t), set()).add(t.meta.family)
+    assert all(len(f) == 1 for f in families.values()), [f for f in families.values() if len(f) > 1]
+
+
+def test_a_backup_equal_to_a_fixed_file_is_no_leak_but_a_copy_of_the_answer_is(tmp_path):
+    from tryloop.tasks.factory import answer_traces
+
+    ops = synthesize("ops", tmp_path / "o", per_family=1, count=3)[2]      # corrupt_data: restore the backup
+    assert ops.solution_files()["svc/data/rates.json"] == ops.workspace_files()["svc/data/rates.json.bak"]
+    assert answer_traces(ops) == []
+    data = synthesize("data", tmp_path / "d", per_family=1, count=1)[0]
+    (data.workspace_dir / "notes.txt").write_bytes(data.solution_files()["answer.json"])
+    assert answer_traces(Task.load(data.root)) == ["notes.txt is a copy of the reference answer answer.json"]

@@ -8,6 +8,7 @@ stored; what fails is logged with the reason. The default suite is rebuilt by
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,10 +67,15 @@ def answer_traces(task: Task) -> list[str]:
         found.append("the workspace already equals the reference solution")
     if task.meta.grader == "answer":
         # An answer is small: a copy anywhere (a planted cache) or the hidden check itself gives it away.
-        copies = {data: p for p, data in solution.items()}
-        found += [f"{p} is a copy of the reference answer {copies[data]}" for p, data in ws.items()
-                  if data in copies and ws.get(copies[data]) != data]
+        # (Other reference files may rightly equal a workspace file: a fix that restores a backup.)
         check = task.check_path.read_bytes() if task.check_path.is_file() else None
+        try:
+            answer_file = json.loads(check or b"{}").get("answer_file", "answer.json")
+        except ValueError:
+            answer_file = "answer.json"
+        answer = solution.get(answer_file)
+        found += [f"{p} is a copy of the reference answer {answer_file}" for p, data in ws.items()
+                  if answer is not None and data == answer]
         found += [f"{p} holds the hidden answer check" for p, data in ws.items() if check and check in data]
     if (task.workspace_dir / ".git").exists():
         from tryloop.tasks.sources.local import HistoryLeak, assert_clean_history

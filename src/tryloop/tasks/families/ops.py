@@ -16,7 +16,8 @@ before it starts anything, so no reply can be hard-coded:
 
 The instruction is the symptom — an alert, and in tier 1 the log excerpt that
 names the failure; tier 2 only the alert; tier 3 two faults at once — never
-the cause. The agent fixes the files and names the root cause(s) in
+the cause. A fault plan (one fault or a pair) is a family: its tiers share a
+split, since the same fault's fix looks alike whatever the instruction shows. The agent fixes the files and names the root cause(s) in
 `answer.json` ({"root_cause": [labels]}). The verdict (tryloop.rewards.answers,
 kind `service`) comes from a fresh sandbox: the agent's files over the
 pristine workspace, the code restored, `svc/run.sh` started, then four
@@ -244,8 +245,8 @@ def make_ops_task(labels: tuple[str, ...], tier: int, index: int, seed: int, des
     check = {"kind": "service", "answer_file": ANSWER_FILE, "labels": sorted(labels), "vocabulary": list(LABELS),
              "port": port, "start": "bash svc/run.sh", "error_log": "svc/logs/app.err", "queue_dir": "svc/queue", "out_dir": "svc/out",
              "rates": rates, "backlog": backlog, "protected": PROTECTED}
-    family = "+".join(labels) if tier == 3 else f"{labels[0]}-t{tier}"
-    meta = TaskMeta(id=f"{SOURCE}/{family.replace('+', '-')}-{index}", family=f"{SOURCE}-{family.replace('+', '-')}",
+    family = "-".join(labels)
+    meta = TaskMeta(id=f"{SOURCE}/{family}-t{tier}-{index}", family=f"{SOURCE}-{family}",
                     project=SOURCE, source=SOURCE, description=f"service down: {', '.join(labels)} (tier {tier})",
                     tier=TIERS[tier], tags=["ops", *labels, f"tier-{tier}"], grader="answer", environment="software",
                     protected_paths=[*PROTECTED], test_timeout_s=60.0, agent_timeout_s=600.0,
