@@ -62,10 +62,11 @@ async def test_multifile_bug_passes_the_gate(runtime, tmp_path):
 async def test_build_default_small_is_gated_split_and_leak_free(runtime, tmp_path):
     store = TaskStore(tmp_path / "store")
     report = await build_default(runtime, store, tmp_path / "work",
-                                 BuildOptions(per_project=1, humaneval=3, gate=GateConfig(k=2)))
+                                 BuildOptions(per_project=1, humaneval=3, data_per_family=1, docs_per_family=1,
+                                              ops_per_family=1, gate=GateConfig(k=2)))
     entries = store.query()
-    assert report.total_kept == len(entries) >= 8
-    assert {e.meta.source for e in entries} >= {"humaneval", "mutation", "bundled", "variant"}
+    assert report.total_kept == len(entries) >= 8 + 24 + 12 + 14
+    assert {e.meta.source for e in entries} >= {"humaneval", "mutation", "bundled", "variant", "data", "docs", "ops"}
     for v in (e for e in entries if e.meta.source == "variant"):
         parent = store.get(v.meta.origin["parent_fingerprint"])
         assert parent.meta.family == v.meta.family and parent.meta.split == v.meta.split

@@ -31,16 +31,18 @@ from tryloop.agent.capacity import Capacity, Unlimited
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.environments import Environments
 from tryloop.agent.policy import Action, ContextFull, Policy, PolicyError
+from tryloop.agent.profiles import profile_for
 from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits, tool_lines
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
+from tryloop.errors import SandboxError
+from tryloop.rewards.answers import StepTracker
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import encode_changes, verify
 from tryloop.tasks.model import Task
 
-SYSTEM_PROMPT = """You are a software engineer working in a Linux sandbox. The repository is in /workspace.
-Fix the problem described by the user: read the code, edit files, run the tests, and call submit when done.
+SYSTEM_PROMPT = """{intro}
 
 Tools (call one per message):
 {tools}
@@ -63,7 +65,8 @@ def system_prompt(task: Task | None = None, *, max_turns: int | None = None) -> 
     would only mislead (and cost ~280 prompt tokens per episode)."""
     if task is not None and task.meta.answer_file and max_turns == 1:
         return ANSWER_ONLY_PROMPT.format(path=task.meta.answer_file)
-    text = SYSTEM_PROMPT.format(tools="\n".join(tool_lines()))
+    profile = profile_for(task)   # the task's environment: its prompt and tools
+    text = SYSTEM_PROMPT.format(intro=profile.intro, tools="\n".join(tool_lines(profile.schemas)))
     if task is not None and task.meta.answer_file:
         text += ANSWER_NOTE.format(path=task.meta.answer_file)
     return text
@@ -157,10 +160,12 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         sb = await envs.acquire(task)
     stage("running")
     try:
-        tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars))
+        tools = Toolbox(sb, ToolLimits(shell_timeout_s=limits.shell_timeout_s, output_chars=limits.output_chars),
+                        schemas=profile_for(task).schemas)
         session = policy.session(system_prompt(task, max_turns=limits.max_turns), task.instruction,
                                  seed=req.seed, task=task)
         observations: list[Observation] | None = None
+        tracker = StepTracker.for_task(task)   # sub-steps checked after each turn, when the task asks
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):
             async with hooks.turn():
@@ -215,6 +220,12 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                     if time.perf_counter() > deadline:
                         break
                 turn.observations = observations
+                if tracker is not None:
+                    try:
+                        answer = sb.read_file(tracker.answer_file, max_bytes=1 << 20)
+                    except (FileNotFoundError, IsADirectoryError, OSError, SandboxError):
+                        answer = None
+                    tracker.observe(index, answer)
                 turn.env_s = sum(o.env_s for o in observations)
                 env_s += turn.env_s
                 if submitted:
@@ -226,6 +237,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         envs.release(sb)
     if skipped:
         traj.meta["skipped_files"] = skipped[:50]
+    if tracker is not None:
+        traj.meta["substeps_first_met"] = dict(tracker.first_met)   # sub-step -> turn index, or None
     traj.messages = session.messages
     tok = session.tokens
     traj.token_ids, traj.logprobs, traj.loss_mask = tok.ids, tok.logprobs, tok.mask

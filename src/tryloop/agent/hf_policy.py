@@ -22,8 +22,9 @@ from tryloop.errors import TryloopError
 
 class HFSession:
     def __init__(self, policy: HFPolicy, system: str, instruction: str, seed: int,
-                 stop_strings: tuple[str, ...] = ()):
+                 stop_strings: tuple[str, ...] = (), tool_names: list[str] | None = None):
         self.p = policy
+        self.tool_names = tool_names or TOOL_NAMES   # the task environment's tools
         self.seed = seed
         self.stop_strings = stop_strings
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system},
@@ -54,7 +55,7 @@ class HFSession:
         self.tokens.add_sampled(sample.token_ids, sample.policy_logprobs)
         text = self.p.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": text})
-        parsed = parse_tool_calls(text, shell_tool="shell", known_tools=TOOL_NAMES)
+        parsed = parse_tool_calls(text, shell_tool="shell", known_tools=self.tool_names)
         for i, c in enumerate(parsed.calls):
             c.id = f"call_{self._turn}_{i}"
         return Action(text, parsed.calls, "; ".join(e.message for e in parsed.errors) or None,
@@ -98,7 +99,10 @@ class HFPolicy:
         # fence (an opening fence names its language, so "\n```\n" closes a block). What follows a
         # finished answer is never read, and sampling it would cost most of a turn.
         answer = task is not None and getattr(task.meta, "answer_file", None)
-        return HFSession(self, system, instruction, seed, stop_strings=("\n```\n",) if answer else ())
+        from tryloop.agent.profiles import profile_for
+
+        return HFSession(self, system, instruction, seed, stop_strings=("\n```\n",) if answer else (),
+                         tool_names=list(profile_for(task).tools))
 
     def close(self) -> None:
         self.engine.close()

@@ -25,8 +25,10 @@ _NOTES = ("parse", "none")
 
 
 class OpenAISession:
-    def __init__(self, policy: OpenAIPolicy, system: str, instruction: str, seed: int):
+    def __init__(self, policy: OpenAIPolicy, system: str, instruction: str, seed: int,
+                 tools: list[dict] | None = None):
         self.p = policy
+        self.tools = tools if tools is not None else SCHEMAS   # the task environment's tools
         self.seed = seed
         self.tokens = TokenLog(source="server" if policy.token_ids else "unavailable")
         self.messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
@@ -61,7 +63,7 @@ class OpenAISession:
         self._answer(observations or [])
         t0 = time.perf_counter()
         try:
-            res = await self.p.client.chat(self.messages, tools=SCHEMAS, temperature=self.p.temperature,
+            res = await self.p.client.chat(self.messages, tools=self.tools, temperature=self.p.temperature,
                                            max_tokens=self.p.max_tokens, logprobs=self.p.token_ids,
                                            seed=self.seed)
         except LLMError as e:
@@ -119,7 +121,9 @@ class OpenAIPolicy:
         self.temperature, self.max_tokens, self.token_ids = temperature, max_tokens, token_ids
 
     def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> OpenAISession:
-        return OpenAISession(self, system, instruction, seed)
+        from tryloop.agent.profiles import profile_for
+
+        return OpenAISession(self, system, instruction, seed, tools=profile_for(task).schemas)
 
     async def aclose(self) -> None:
         await self.client.aclose()

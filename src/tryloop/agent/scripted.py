@@ -78,7 +78,9 @@ class Oracle(_Scripted):
             yield [ToolCall("view", {"path": first})]
         for path, data in solution.items():
             yield [ToolCall("write", {"path": path, "content": data.decode()})]
-        yield [ToolCall("shell", {"command": task.meta.test_command})]
+        # An answer-graded task has no tests to run in the workspace: check the answer parses instead.
+        check = "python3 -m json.tool answer.json" if task.meta.grader == "answer" else task.meta.test_command
+        yield [ToolCall("shell", {"command": check})]
         yield [ToolCall("submit", {})]
 
 
@@ -116,17 +118,13 @@ class Hacker(_Scripted):
     """Carries out one red-team attack through the tools."""
 
     def __init__(self, attack: str):
-        from tryloop.rewards.redteam import ATTACKS
-
-        if attack not in ATTACKS:
-            raise ValueError(f"unknown attack {attack!r}; known: {sorted(ATTACKS)}")
+        if attack not in _attacks():
+            raise ValueError(f"unknown attack {attack!r}; known: {sorted(_attacks())}")
         self.attack = attack
         self.name = f"hacker:{attack}"
 
     def steps(self, task, rng):
-        from tryloop.rewards.redteam import ATTACKS
-
-        sub = ATTACKS[self.attack](_need(task, "hacker"))
+        sub = _attacks()[self.attack](_need(task, "hacker"))
         for cmd in sub.commands:
             yield [ToolCall("shell", {"command": cmd})]
         for path, data in sub.changes.items():
@@ -135,3 +133,11 @@ class Hacker(_Scripted):
             else:
                 yield [ToolCall("write", {"path": path, "content": data.decode(errors="replace")})]
         yield [ToolCall("submit", {})]
+
+
+def _attacks() -> dict:
+    """The code red team's attacks and those on answer-graded tasks."""
+    from tryloop.rewards.answer_redteam import ANSWER_ATTACKS
+    from tryloop.rewards.redteam import ATTACKS
+
+    return {**ATTACKS, **ANSWER_ATTACKS}

@@ -53,6 +53,16 @@ SCHEMAS: list[dict[str, Any]] = [
     _schema(SUBMIT, "Finish: your changes to /workspace are final and will be tested.", {}, []),
 ]
 TOOL_NAMES = [s["function"]["name"] for s in SCHEMAS]
+# Tools only some environments offer (tryloop.agent.profiles picks a task's set).
+EXTRA_SCHEMAS: list[dict[str, Any]] = [
+    _schema("sql", "Run one read-only SQL query on a SQLite database file in /workspace; rows come back "
+                   "tab-separated with a header.",
+            {"database": {"type": "string"}, "query": {"type": "string"}}, ["database", "query"]),
+    _schema("validate_json", "Check a JSON file against a JSON Schema file (both in /workspace); lists what is "
+                             "wrong, or says it is valid.",
+            {"path": {"type": "string"}, "schema": {"type": "string"}}, ["path", "schema"]),
+]
+ALL_SCHEMAS = SCHEMAS + EXTRA_SCHEMAS
 
 
 def tool_lines(schemas: Sequence[dict[str, Any]] = SCHEMAS) -> list[str]:
@@ -76,11 +86,13 @@ def cap(text: str, limit: int) -> tuple[str, bool]:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters truncated ...]\n{tail}", True
 
 
-def check_call(call: ToolCall) -> str | None:
-    """Why the call is malformed, or None."""
-    schema = next((s["function"] for s in SCHEMAS if s["function"]["name"] == call.name), None)
+def check_call(call: ToolCall, schemas: list[dict[str, Any]] | None = None) -> str | None:
+    """Why the call is malformed (or not one of `schemas`, default the software set), or None."""
+    schemas = SCHEMAS if schemas is None else schemas
+    schema = next((s["function"] for s in schemas if s["function"]["name"] == call.name), None)
     if schema is None:
-        return f"unknown tool {call.name!r}; the tools are: {', '.join(TOOL_NAMES)}"
+        names = ", ".join(s["function"]["name"] for s in schemas)
+        return f"unknown tool {call.name!r}; the tools are: {names}"
     if not isinstance(call.arguments, dict):
         return f"arguments of {call.name} must be a JSON object, got {type(call.arguments).__name__}"
     params = schema["parameters"]
@@ -100,19 +112,21 @@ def check_call(call: ToolCall) -> str | None:
 class Toolbox:
     """Runs tool calls against one sandbox and records what the agent did (for the detectors)."""
 
-    def __init__(self, sandbox: Sandbox, limits: ToolLimits | None = None):
+    def __init__(self, sandbox: Sandbox, limits: ToolLimits | None = None,
+                 schemas: list[dict[str, Any]] | None = None):
         self.sb = sandbox
         self.limits = limits or ToolLimits()
+        self.schemas = SCHEMAS if schemas is None else schemas   # the environment's tool set
         self.commands: list[str] = []   # shell commands, in order
         self.reads: list[str] = []      # paths viewed
         self.errors = 0
         self._impl: dict[str, Callable[..., Awaitable[Observation]]] = {
             "shell": self._shell, "view": self._view, "replace": self._replace, "write": self._write,
-            "search": self._search}
+            "search": self._search, "sql": self._sql, "validate_json": self._validate_json}
 
     async def call(self, call: ToolCall) -> Observation:
         t0 = time.perf_counter()
-        problem = check_call(call)
+        problem = check_call(call, self.schemas)
         if problem:
             obs = Observation(call.name, f"error: {problem}", ok=False)
         elif call.name == SUBMIT:
@@ -179,3 +193,55 @@ class Toolbox:
         cut = len(lines) > self.limits.search_matches
         text = "\n".join(lines[: self.limits.search_matches]) or "(no matches)"
         return Observation("search", text + ("\n[more matches not shown]" if cut else ""), truncated=cut)
+
+    async def _sql(self, database: str, query: str) -> Observation:
+        self.commands.append(f"sql {database}: {query}")
+        res = await self.sb.exec(["python3", "-c", _SQL_SCRIPT, database, query, str(self.limits.view_lines)],
+                                 merge_stderr=True, timeout=self.limits.shell_timeout_s, output_limit=1 << 20)
+        text, cut = cap(res.text(), self.limits.output_chars)
+        if res.timed_out:
+            return Observation("sql", f"error: the query timed out after {self.limits.shell_timeout_s:.0f}s", ok=False)
+        return Observation("sql", text or "(no rows)", ok=res.exit_code == 0, truncated=cut, exit_code=res.exit_code)
+
+    async def _validate_json(self, path: str, schema: str) -> Observation:
+        import json
+
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        self.reads += [path, schema]
+        docs = []
+        for p in (path, schema):
+            try:
+                docs.append(json.loads(self.sb.read_file(p, max_bytes=1 << 20)))
+            except (ValueError, RecursionError) as e:
+                return Observation("validate_json", f"error: {p} is not valid JSON: {e}", ok=False)
+        try:
+            errors = sorted(Draft202012Validator(docs[1]).iter_errors(docs[0]), key=lambda e: list(e.path))
+        except (SchemaError, RecursionError) as e:
+            return Observation("validate_json", f"error: {schema} is not a usable JSON Schema: {e}", ok=False)
+        if not errors:
+            return Observation("validate_json", f"{path} is valid against {schema}")
+        lines = [f"- at /{'/'.join(map(str, e.path))}: {e.message}" for e in errors[:10]]
+        more = f"\n[{len(errors) - 10} more]" if len(errors) > 10 else ""
+        return Observation("validate_json", f"{path} is NOT valid ({len(errors)} problem(s)):\n" + "\n".join(lines) + more)
+
+
+# Runs inside the sandbox: read-only (the URI's mode=ro), at most N rows shown.
+_SQL_SCRIPT = r"""
+import sqlite3, sys
+db, query, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    cur = con.execute(query)
+    rows = cur.fetchmany(limit + 1)
+except sqlite3.Error as e:
+    print(f"error: {e}")
+    sys.exit(1)
+if cur.description:
+    print("	".join(d[0] for d in cur.description))
+for r in rows[:limit]:
+    print("	".join("NULL" if v is None else str(v) for v in r))
+if len(rows) > limit:
+    print(f"[more than {limit} rows; narrow the query]")
+"""

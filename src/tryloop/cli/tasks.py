@@ -126,16 +126,40 @@ def synth(
     keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
     operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
+    family: Annotated[str | None, typer.Option("--family", help="a generated family instead of a project: "
+                                                                 "data | docs | ops")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="--family: candidates to make (default: "
+                                                               "--per-family of every template)")] = None,
+    per_family: Annotated[int, typer.Option("--per-family", help="--family: variants per template")] = 3,
+    tier: Annotated[int | None, typer.Option("--tier", min=1, max=3, help="--family: only this tier (1-3)")] = None,
     store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
 ) -> None:
-    """Plant bugs in a working project with AST mutations; keep those the gate accepts."""
+    """Plant bugs in a working project with AST mutations, or generate a task family (--family);
+    keep what the gate accepts."""
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks import sources
-    from tryloop.tasks.factory import synthesize
+    from tryloop.tasks.factory import build_family, synthesize
+    from tryloop.tasks.families import FAMILIES
     from tryloop.tasks.gate import GateReport
 
     cfg = _cfg(config, store=store, k=k, seed=seed)
     work = _work_dir(cfg)
+    if family is not None:
+        if family not in FAMILIES:
+            raise typer.BadParameter(f"--family must be one of {', '.join(FAMILIES)}, not {family!r}")
+
+        async def go_family():
+            rt = SandboxRuntime(cfg.runtime)
+            with _progress() as prog:
+                bar = prog.add_task(f"synth {family}", total=None, last="")
+                return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=per_family,
+                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction,
+                                          seed=cfg.tasks.seed,
+                                          progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
+
+        report = run_cli(lambda: asyncio.run(go_family()))
+        print_report(report, f"{family}: {report.total_kept} task(s) kept")
+        return
     if pypi:
         project = run_cli(sources.project_from_sdist, pypi, work / "sdist")
     elif git:
@@ -143,7 +167,7 @@ def synth(
     elif path:
         project = run_cli(sources.project_from_dir, path, test_command=test_command)
     else:
-        raise typer.BadParameter("give a project directory, --git or --pypi")
+        raise typer.BadParameter("give a project directory, --git, --pypi or --family")
     report = GateReport()
 
     async def go():
@@ -185,6 +209,12 @@ def variant(
 def build_default(
     per_project: Annotated[int, typer.Option("--per-project", help="mutation tasks per bundled project")] = 8,
     humaneval: Annotated[int | None, typer.Option("--humaneval", help="HumanEval problems (default: all)")] = None,
+    data_per_family: Annotated[int, typer.Option("--data-per-family", help="data-analysis variants per "
+                                                                           "question template (24)")] = 3,
+    docs_per_family: Annotated[int, typer.Option("--docs-per-family", help="structured-document variants per "
+                                                                           "(kind, tier) family (12)")] = 5,
+    ops_per_family: Annotated[int, typer.Option("--ops-per-family", help="broken-service variants per fault "
+                                                                         "plan (14)")] = 4,
     store: StoreUrl = None, k: K = None, seed: Seed = None, eval_fraction: EvalFraction = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -193,7 +223,9 @@ def build_default(
     from tryloop.tasks import factory
 
     cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
-    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, seed=cfg.tasks.seed,
+    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
+                                docs_per_family=docs_per_family, ops_per_family=ops_per_family,
+                                seed=cfg.tasks.seed,
                                 eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
     work = _work_dir(cfg)
 

@@ -198,6 +198,10 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                  verdict: Verdict) -> None:
     from tryloop.rewards.detectors import detect
 
+    if task.meta.grader == "answer":  # data / document tasks: the answer file, compared on the host
+        from tryloop.rewards.answers import judge_answer
+
+        return await judge_answer(runtime, task, sub, spec, verdict)
     hidden = task.hidden_tests()
     pristine = task.workspace_files()
     verdict.meta["tests_digest"] = _digest(hidden)

@@ -8,6 +8,7 @@ stored; what fails is logged with the reason. The default suite is rebuilt by
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ Progress = Callable[[str, GateResult | None], None]
 @dataclass
 class BuildOptions:
     per_project: int = 8           # mutation tasks kept per bundled project
+    data_per_family: int = 3       # data-analysis variants per question template (24 templates)
+    docs_per_family: int = 5       # structured-document variants per (kind, tier) family (12 families)
+    ops_per_family: int = 4        # broken-service variants per fault plan (14 plans)
     variants_per_project: int = 1  # renamed-identifier variants of the first kept tasks
     humaneval: int | None = None   # HumanEval problems (None: all 164)
     multifile: bool = True
@@ -61,6 +65,18 @@ def answer_traces(task: Task) -> list[str]:
     solution = task.solution_files()
     if solution and all(ws.get(p) == data for p, data in solution.items()):
         found.append("the workspace already equals the reference solution")
+    if task.meta.grader == "answer":
+        # An answer is small: a copy anywhere (a planted cache) or the hidden check itself gives it away.
+        # (Other reference files may rightly equal a workspace file: a fix that restores a backup.)
+        check = task.check_path.read_bytes() if task.check_path.is_file() else None
+        try:
+            answer_file = json.loads(check or b"{}").get("answer_file", "answer.json")
+        except ValueError:
+            answer_file = "answer.json"
+        answer = solution.get(answer_file)
+        found += [f"{p} is a copy of the reference answer {answer_file}" for p, data in ws.items()
+                  if answer is not None and data == answer]
+        found += [f"{p} holds the hidden answer check" for p, data in ws.items() if check and check in data]
     if (task.workspace_dir / ".git").exists():
         from tryloop.tasks.sources.local import HistoryLeak, assert_clean_history
 
@@ -192,8 +208,8 @@ def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path) -> Tas
 
 async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, opts: BuildOptions | None = None,
                         progress: Progress | None = None) -> GateReport:
-    """The bundled suite: HumanEval functions, mutation bugs in the bundled projects,
-    hand-written multi-file bugs — all gated, split by project/family."""
+    """The bundled suite: HumanEval functions, mutation bugs in the bundled projects, data-analysis,
+    structured-document and operations tasks, hand-written multi-file bugs — all gated, split by project/family."""
     from tryloop.tasks.sources.humaneval import humaneval_tasks
 
     opts = opts or BuildOptions()
@@ -213,6 +229,12 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
         for entry in kept[: opts.variants_per_project]:
             await add_variant(runtime, store, entry.fingerprint, "rename", opts.seed, work_dir / "variants",
                               mut_gate, report)
+    for family, per in (("data", opts.data_per_family), ("docs", opts.docs_per_family),
+                        ("ops", opts.ops_per_family)):
+        if per:
+            sub = await build_family(runtime, store, work_dir, family, gate=opts.gate, per_family=per,
+                                     eval_fraction=opts.eval_fraction, seed=opts.seed, progress=progress)
+            report.merge(sub)
     if opts.multifile:
         for bug in multifile_bugs():
             task = multifile_task(projects[bug["project"]], bug, work_dir / "multifile")
@@ -261,5 +283,18 @@ async def build_functions(runtime: SandboxRuntime, store: TaskStore, work_dir: P
 
     tasks = function_tasks(work_dir / "functions", per_family=per_family, seed=seed, families=families)
     return await _admit_all(runtime, store, tasks, lambda t: f"functions:tier-{t.meta.origin['tier']}",
+                            gate=gate, eval_fraction=eval_fraction, seed=seed, concurrency=concurrency,
+                            progress=progress)
+
+
+async def build_family(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, family: str, *,
+                       gate: GateConfig, eval_fraction: float, seed: int = 0, per_family: int = 3,
+                       count: int | None = None, tier: int | None = None, concurrency: int = 2,
+                       progress: Progress | None = None) -> GateReport:
+    """A family of answer-graded tasks (data | docs | ops) synthesized from `seed`, gated, split by template."""
+    from tryloop.tasks.families import synthesize as synth_family
+
+    tasks = synth_family(family, work_dir / family, count=count, per_family=per_family, seed=seed, tier=tier)
+    return await _admit_all(runtime, store, tasks, lambda t: f"{family}:tier-{t.meta.origin['tier']}",
                             gate=gate, eval_fraction=eval_fraction, seed=seed, concurrency=concurrency,
                             progress=progress)

@@ -33,6 +33,7 @@ TOO_SLOW = "too_slow"
 NO_TESTS = "no_tests_reported"
 INFRA = "infrastructure_error"
 TIMEOUT = "test_run_timed_out"
+UNKNOWN_ENVIRONMENT = "unknown_environment"
 
 
 @dataclass
@@ -120,7 +121,16 @@ def judge(task_id: str, broken: list[TestRun], fixed: list[TestRun], cfg: GateCo
 async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None = None,
                    concurrency: int = 2) -> GateResult:
     """Run the gate on one task in fresh sandboxes (2K runs, `concurrency` at a time)."""
+    from tryloop.agent.profiles import PROFILES
+
     cfg = cfg or GateConfig()
+    if task.meta.environment not in PROFILES:  # no episode could be run on it
+        return GateResult(task.id, False, UNKNOWN_ENVIRONMENT, f"[metadata.tryloop] environment "
+                          f"{task.meta.environment!r} is not one of {', '.join(PROFILES)}")
+    if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
+        from tryloop.tasks.families.gate import validate_answer
+
+        return await validate_answer(runtime, task, cfg)
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
@@ -164,6 +174,12 @@ class GateReport:
 
     def reject(self, group: str, reason: str) -> None:
         self.rejected[group][reason] += 1
+
+    def merge(self, other: GateReport) -> None:
+        self.kept.update(other.kept)
+        for g, c in other.rejected.items():
+            self.rejected[g].update(c)
+        self.test_seconds += other.test_seconds
 
     def groups(self) -> list[str]:
         return sorted(set(self.kept) | set(self.rejected))

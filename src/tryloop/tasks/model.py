@@ -13,10 +13,15 @@
         solve.sh                  Harbor's oracle: lays the reference files over /workspace
         workspace/...             the reference solution, as files over the initial ones
 
+An answer-graded task (`grader = "answer"`: data analysis, structured documents)
+has no hidden tests to run; its check is `tests/check.json` — the reference query
+or the gold record, the tolerances, the schema — read by the verifier on the host
+(tryloop.rewards.answers), never laid into a sandbox.
+
 Hidden parts (tests/, solution/) never enter the agent's workspace layer.
 The fingerprint is a content hash of everything that decides grading: the
-workspace, the hidden tests, the reference solution, the instruction and the
-grading fields of task.toml. Editing any of them makes a new version.
+workspace, the hidden tests (and the answer check), the reference solution, the
+instruction and the grading fields of task.toml. Editing any of them makes a new version.
 """
 
 from __future__ import annotations
@@ -73,6 +78,11 @@ class TaskMeta(_Model):
     origin: dict[str, Any] = Field(default_factory=dict, description="provenance: operator, parent, sdist...")
     answer_file: str | None = Field(None, description="function-level tasks: a reply that is one ```python "
                                                       "block writes this file and submits (not a grading field)")
+    grader: Literal["tests", "answer"] = Field(
+        "tests", description="tests: the hidden tests run in a fresh sandbox; answer: the answer file is "
+                             "compared on the host with tests/check.json (data analysis, documents)")
+    environment: str = Field("software", description="the episode's system prompt and tool set "
+                                                      "(tryloop.agent.profiles); not a grading field")
 
     @field_validator("id", "family", "project")
     @classmethod
@@ -86,8 +96,11 @@ class TaskMeta(_Model):
         return [*self.fail_to_pass, *self.pass_to_pass]
 
     def grading_fields(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("network", "test_command", "test_timeout_s", "fail_to_pass",
-                                              "pass_to_pass", "protected_paths")}
+        out = {k: getattr(self, k) for k in ("network", "test_command", "test_timeout_s", "fail_to_pass",
+                                             "pass_to_pass", "protected_paths")}
+        if self.grader != "tests":  # only when set, so test-graded tasks keep their versions
+            out["grader"] = self.grader
+        return out
 
 
 def _slugify(text: str) -> str:
@@ -186,6 +199,11 @@ class Task:
     def hidden_tests(self) -> dict[str, bytes]:
         return read_files(self.tests_dir)
 
+    @property
+    def check_path(self) -> Path:
+        """The answer check of an answer-graded task (beside test.sh: hidden, never in a sandbox)."""
+        return self.root / "tests" / "check.json"
+
     def solution_files(self) -> dict[str, bytes]:
         return read_files(self.solution_dir)
 
@@ -200,6 +218,8 @@ class Task:
             h.update(repr(sorted(self.meta.grading_fields().items())).encode())
             for d in (self.workspace_dir, self.tests_dir, self.solution_dir):
                 h.update(tree_hash(d).encode())
+            if self.check_path.is_file():
+                h.update(b"check\0" + hashlib.sha256(self.check_path.read_bytes()).digest())
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 
@@ -234,8 +254,10 @@ class Task:
 
     @classmethod
     def create(cls, dest: str | Path, meta: TaskMeta, instruction: str, *, workspace: Files | Path,
-               tests: Files | Path | None = None, solution: Files | Path | None = None) -> Task:
-        """Write a task directory (replacing `dest` if it exists) and load it back."""
+               tests: Files | Path | None = None, solution: Files | Path | None = None,
+               check: str | bytes | None = None) -> Task:
+        """Write a task directory (replacing `dest` if it exists) and load it back.
+        `check` is an answer-graded task's tests/check.json."""
         dest = Path(dest)
         if dest.exists():
             shutil.rmtree(dest)
@@ -248,6 +270,8 @@ class Task:
                            (dest / "solution" / "solve.sh", _SOLVE_SH)):
             path.write_text(text)
             path.chmod(0o755)
+        if check is not None:
+            (dest / "tests" / "check.json").write_bytes(check.encode() if isinstance(check, str) else check)
         task = cls(dest, meta, (dest / "instruction.md").read_text())
         task.save_meta()
         return task

@@ -15,7 +15,7 @@ from tryloop.tasks.dedup import near_duplicate_key
 from tryloop.tasks.model import Task, TaskMeta
 from tryloop.tasks.store import Entry, TaskStore
 
-INDEPENDENT_SOURCES = {"humaneval", "functions"}  # split by family
+INDEPENDENT_SOURCES = {"humaneval", "functions", "data", "docs", "ops"}  # split by family (template)
 
 
 def split_group(meta: TaskMeta) -> str:
