@@ -40,6 +40,20 @@ def test_entry_point_exists():
     assert "sandbox" in res.stdout
 
 
+def test_version_and_the_config_from_the_environment(config_file, tmp_path):
+    from importlib.metadata import version
+
+    res = tryloop("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"tryloop {version('tryloop')}"
+    env = {**os.environ, "TRYLOOP_CONFIG": str(config_file), "COLUMNS": "400", "NO_COLOR": "1"}
+    shown = subprocess.run([str(TRYLOOP), "config"], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and "memory_mb: 256" in shown.stdout   # the file's value, not the default
+    env["TRYLOOP_CONFIG"] = str(tmp_path / "missing.yaml")
+    missing = subprocess.run([str(TRYLOOP), "config"], capture_output=True, text=True, env=env, timeout=60)
+    assert missing.returncode != 0 and "missing.yaml" in missing.stdout + missing.stderr
+
+
+
 def test_doctor(config_file):
     res = tryloop("sandbox", "doctor", "--config", str(config_file))
     assert res.returncode == 0, res.stderr

@@ -16,7 +16,22 @@ console = Console(stderr=True)
 app = typer.Typer(help="Agent RL in verifiable environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file (see docs/config.md)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", envvar="TRYLOOP_CONFIG",
+                                                help="YAML config file (see docs/config.md)")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tryloop {version('tryloop')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Agent RL in verifiable environments."""
 
 
 def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfig:
