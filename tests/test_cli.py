@@ -50,7 +50,10 @@ def test_version_and_the_config_from_the_environment(config_file, tmp_path):
     assert shown.returncode == 0 and "memory_mb: 256" in shown.stdout   # the file's value, not the default
     env["TRYLOOP_CONFIG"] = str(tmp_path / "missing.yaml")
     missing = subprocess.run([str(TRYLOOP), "config"], capture_output=True, text=True, env=env, timeout=60)
-    assert missing.returncode != 0 and "missing.yaml" in missing.stdout + missing.stderr
+    assert missing.returncode == 78 and "missing.yaml" in missing.stderr and "Traceback" not in missing.stderr
+    # --debug shows where it came from
+    debug = subprocess.run([str(TRYLOOP), "--debug", "config"], capture_output=True, text=True, env=env, timeout=60)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
 
 
@@ -113,7 +116,7 @@ def test_run_no_network_by_default(config_file):
 
 def test_run_memory_flag_is_a_config_field(config_file):
     res = tryloop("sandbox", "run", "--memory-mb", "5", "--config", str(config_file), "--", "true")
-    assert res.returncode == 1
+    assert res.returncode == 78   # EX_CONFIG: a configuration error
     assert "sandbox.limits.memory_mb" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -128,7 +131,7 @@ def test_bad_config_names_field_and_file(tmp_path, bad, field):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
     res = tryloop("sandbox", "run", "--config", str(path), "--", "true")
-    assert res.returncode == 1
+    assert res.returncode == 78   # EX_CONFIG: a configuration error
     assert field in res.stderr
     assert str(path) in res.stderr
     assert "Traceback" not in res.stderr
@@ -138,7 +141,7 @@ def test_invalid_yaml_is_reported(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("sandbox: [unclosed\n")
     res = tryloop("sandbox", "gc", "--config", str(path))
-    assert res.returncode == 1
+    assert res.returncode == 78   # EX_CONFIG: a configuration error
     assert str(path) in res.stderr
     assert "not valid YAML" in res.stderr
     assert "Traceback" not in res.stderr
@@ -147,7 +150,7 @@ def test_invalid_yaml_is_reported(tmp_path):
 def test_missing_config_file(tmp_path):
     path = tmp_path / "nope.yaml"
     res = tryloop("sandbox", "run", "--config", str(path), "--", "true")
-    assert res.returncode == 1
+    assert res.returncode == 78   # EX_CONFIG: a configuration error
     assert "config file not found" in res.stderr
     assert str(path) in res.stderr
     assert "Traceback" not in res.stderr
@@ -216,7 +219,7 @@ def test_build_failing_step_reports_error(config_file, tmp_path):
     spec = tmp_path / "fail.yaml"
     spec.write_text(yaml.safe_dump({"steps": [{"run": "echo about-to-fail >&2; exit 4"}]}))
     res = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
-    assert res.returncode == 1
+    assert res.returncode == 71   # EX_OSERR: a sandbox (build step) failed
     assert "about-to-fail" in res.stderr
     assert "exit 4" in res.stderr
     assert "Traceback" not in res.stderr
@@ -226,7 +229,7 @@ def test_build_bad_spec(config_file, tmp_path):
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump({"steps": [{"run": "true", "files": {"/a": "b"}}]}))
     res = tryloop("sandbox", "build", str(spec), "--config", str(config_file))
-    assert res.returncode == 1
+    assert res.returncode == 78   # EX_CONFIG: a configuration error
     assert str(spec) in res.stderr
     assert "steps.0" in res.stderr
 

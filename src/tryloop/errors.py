@@ -2,11 +2,16 @@
 
 
 class TryloopError(Exception):
-    """Base class of every error tryloop raises on purpose."""
+    """Base class of every error tryloop raises on purpose. `exit_code` is the status the CLI
+    exits with for it (docs/config.md lists them): scripts can tell the kinds apart."""
+
+    exit_code = 1
 
 
 class ConfigError(TryloopError):
     """A configuration file or field is invalid; the message names it."""
+
+    exit_code = 78  # sysexits.h EX_CONFIG
 
 
 class HostUnsupported(TryloopError):
@@ -15,6 +20,8 @@ class HostUnsupported(TryloopError):
     Raised instead of silently running a weaker sandbox; `missing` lists what is absent.
     """
 
+    exit_code = 69  # sysexits.h EX_UNAVAILABLE
+
     def __init__(self, message: str, missing: list[str] | None = None):
         super().__init__(message)
         self.missing = missing or []
@@ -22,6 +29,8 @@ class HostUnsupported(TryloopError):
 
 class SandboxError(TryloopError):
     """A sandbox operation failed (infrastructure, not the agent's command)."""
+
+    exit_code = 71  # sysexits.h EX_OSERR
 
 
 class SandboxClosed(SandboxError):

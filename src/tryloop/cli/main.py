@@ -30,8 +30,12 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                                help="print the version and exit")] = False) -> None:
+                                                help="print the version and exit")] = False,
+          debug: Annotated[bool, typer.Option("--debug", envvar="TRYLOOP_DEBUG",
+                                              help="show the traceback of an error")] = False) -> None:
     """Agent RL in verifiable environments."""
+    global _debug
+    _debug = debug
 
 
 def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfig:
@@ -52,13 +56,27 @@ def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfi
     return parse(TryloopConfig, data, source or "defaults")
 
 
+#: Exit statuses besides each error class's `exit_code` (tryloop.errors).
+EXIT_INTERRUPTED = 130
+_debug = False
+
+
 def run_cli(fn, *args, **kwargs):
-    """Turn tryloop errors into a clear message and exit status 1 (no traceback)."""
+    """Turn tryloop errors into a clear message and their class's exit status, without a
+    traceback unless --debug (or TRYLOOP_DEBUG=1) asks for one; Ctrl-C exits 130, keeping
+    what was written."""
     try:
         return fn(*args, **kwargs)
     except TryloopError as e:
+        if _debug:
+            raise
         console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        if _debug:
+            raise
+        console.print("[bold red]interrupted[/]: what was already written is kept")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _register() -> None:

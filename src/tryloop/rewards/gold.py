@@ -38,6 +38,8 @@ VerifyFn = Callable[[SandboxRuntime, Task, Submission, RewardSpec], Awaitable[Ve
 class GateBlocked(TryloopError):
     """Training refused: the reward version has not passed the regression gate."""
 
+    exit_code = 77  # sysexits.h EX_NOPERM
+
 
 @dataclass
 class GoldItem:

@@ -53,6 +53,8 @@ DEFAULT_PROTECTED = ["tests/", "conftest.py", "pytest.ini", "tox.ini", "setup.cf
 class TaskError(TryloopError):
     """A task directory is malformed; the message names the file and field."""
 
+    exit_code = 65  # sysexits.h EX_DATAERR
+
 
 class TaskMeta(_Model):
     """`[metadata.tryloop]` in task.toml."""
