@@ -63,3 +63,18 @@ def test_gate_rescore_and_spot_check_on_a_run(runtime, runtime_config, task, tmp
     assert "1 labelled item(s) added" in res.output
     res = CliRunner().invoke(app, ["reward", "rescore", "--run", "missing", "-c", cfg])
     assert res.exit_code == 1 and "no run 'missing'" in res.output
+
+
+def test_tasks_list_and_show_as_json_never_print_hidden_contents(runtime_config, task, tmp_path):
+    cfg = config(runtime_config, tmp_path)
+    TaskStore(tmp_path / "tasks").add(task)
+    res = CliRunner().invoke(app, ["tasks", "list", "--json", "-c", cfg])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["id"] for r in rows] == [task.id] and rows[0]["fingerprint"] == task.fingerprint()
+    res = CliRunner().invoke(app, ["tasks", "show", task.id, "--json", "-c", cfg])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.stdout)
+    assert shown["instruction"] == task.instruction and shown["hidden_tests"] == sorted(task.hidden_tests())
+    for content in task.hidden_tests().values():   # names only: the hidden tests' text stays out
+        assert content.decode(errors="replace").strip()[:80] not in res.stdout

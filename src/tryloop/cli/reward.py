@@ -60,6 +60,10 @@ def verdict_table(v) -> Table:
     return t
 
 
+#: `reward verify`'s status when the verifier could not judge (sysexits.h EX_TEMPFAIL: try again).
+EXIT_NO_VERDICT = 75
+
+
 @app.command("verify")
 def verify_cmd(
     task: Annotated[str, typer.Argument(help="task id, fingerprint or task directory")],
@@ -99,7 +103,7 @@ def verify_cmd(
         print(json.dumps(v.to_dict(), default=str, indent=1))
     else:
         console.print(verdict_table(v))
-    raise typer.Exit(0 if v.state != "no_verdict" else 2)
+    raise typer.Exit(0 if v.state != "no_verdict" else EXIT_NO_VERDICT)
 
 
 def _progress() -> Progress:

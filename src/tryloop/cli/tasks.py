@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +18,7 @@ from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 app = typer.Typer(help="Task assets: the store, the factory, the gate, splits.", no_args_is_help=True)
 
 StoreUrl = Annotated[str | None, typer.Option("--store", help="tasks.store_url")]
+JsonOut = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 K = Annotated[int | None, typer.Option("-k", "--gate-k", help="tasks.gate_k")]
 Budget = Annotated[float | None, typer.Option("--time-budget", help="tasks.time_budget_s")]
 EvalFraction = Annotated[float | None, typer.Option("--eval-fraction", help="tasks.eval_fraction")]
@@ -278,12 +280,17 @@ def list_(
     tier: Annotated[str | None, typer.Option("--tier")] = None,
     split: Annotated[str | None, typer.Option("--split")] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag")] = None,
+    json_out: JsonOut = False,
     store: StoreUrl = None, config: ConfigOpt = None,
 ) -> None:
     """List the newest version of each task matching the filters."""
     cfg = _cfg(config, store=store)
     entries = run_cli(_store(cfg).query, source=source, family=family, project=project, tier=tier, split=split,
                       tags=tag or ())
+    if json_out:
+        print(json.dumps([{"id": e.id, "fingerprint": e.fingerprint, **e.meta.model_dump(mode="json")}
+                          for e in entries], indent=1))
+        return
     t = Table(title=f"{len(entries)} task(s) in {cfg.tasks.store_url}")
     for col in ("id", "version", "source", "tier", "difficulty", "split", "f2p", "p2p"):
         t.add_column(col)
@@ -295,13 +302,20 @@ def list_(
 
 
 @app.command()
-def show(target: Annotated[str, typer.Argument(help="task id or fingerprint")], store: StoreUrl = None,
-         config: ConfigOpt = None) -> None:
-    """Show one task: metadata, instruction and files (hidden parts marked)."""
+def show(target: Annotated[str, typer.Argument(help="task id or fingerprint")], json_out: JsonOut = False,
+         store: StoreUrl = None, config: ConfigOpt = None) -> None:
+    """Show one task: metadata, instruction and files (hidden parts named, never printed)."""
     cfg = _cfg(config, store=store)
     st = _store(cfg)
     task = run_cli(st.get, target)
     m = task.meta
+    if json_out:
+        print(json.dumps({"id": task.id, "fingerprint": task.fingerprint(), "meta": m.model_dump(mode="json"),
+                          "instruction": task.instruction, "versions": len(st.versions(task.id)),
+                          "pass_rates": st.pass_rates(task.fingerprint()),
+                          "workspace": sorted(task.workspace_files()), "hidden_tests": sorted(task.hidden_tests()),
+                          "reference_solution": sorted(task.solution_files())}, indent=1, default=str))
+        return
     t = Table(show_header=False, title=f"{task.id} @ {task.fingerprint()[:12]}")
     for k_, v in (("source", m.source), ("family / project", f"{m.family} / {m.project}"),
                   ("tier / difficulty", f"{m.tier} / {m.difficulty}"), ("split", m.split), ("tags", ", ".join(m.tags)),
