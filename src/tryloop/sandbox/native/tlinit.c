@@ -109,6 +109,7 @@ static struct {
 static struct sock_fprog seccomp_prog;
 static int ctl = -1;
 static int cap_last = 63;
+static unsigned long nr_open; /* fs.nr_open: the ceiling of RLIMIT_NOFILE */
 static int zygote_null = -1; /* the zygote's /dev/null, opened before any command ran */
 
 struct run {
@@ -194,7 +195,64 @@ static void load_seccomp(void) {
     seccomp_prog.filter = f;
 }
 
-/* Mount what the agent sees at /root: overlay + read-only host binds + proc + dev. */
+/* mount_setattr(2) (Linux 5.12): flags for a whole mount tree at once. A plain
+ * MS_REMOUNT|MS_RDONLY of a recursive bind changes only its top mount, and every
+ * submount of a host directory would keep the host's (writable) flags. */
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+struct tl_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+#define TL_ATTR_RDONLY 0x1
+#define TL_ATTR_NOSUID 0x2
+#define TL_ATTR_NODEV 0x4
+#define TL_ATTR_NOEXEC 0x8
+
+static int set_attr_recursive(const char *path, uint64_t attrs) {
+    struct tl_mount_attr a = {attrs, 0, 0, 0};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE, &a, sizeof a);
+}
+
+/* /proc entries that describe the host rather than the sandbox, as the common container
+ * runtimes treat them: masked files read as /dev/null, masked directories as an empty
+ * read-only directory, and the writable host-global knobs are made read-only. Entries
+ * this kernel lacks are skipped. */
+static const char *const masked_proc[] = {
+    "acpi", "asound", "interrupts", "kcore", "keys", "key-users", "kmsg", "latency_stats",
+    "timer_list", "timer_stats", "sched_debug", "scsi",
+};
+static const char *const readonly_proc[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
+
+static int mount_proc(void) {
+    char path[256];
+    if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
+    for (size_t i = 0; i < sizeof masked_proc / sizeof masked_proc[0]; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "/root/proc/%s", masked_proc[i]);
+        if (lstat(path, &st) < 0) {
+            if (errno == ENOENT) continue;
+            return -1;
+        }
+        /* /empty and /root/dev/null are read-only mounts: their binds are too. */
+        if (mount(S_ISDIR(st.st_mode) ? "/empty" : "/root/dev/null", path, NULL, MS_BIND, NULL) < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < sizeof readonly_proc / sizeof readonly_proc[0]; i++) {
+        snprintf(path, sizeof path, "/root/proc/%s", readonly_proc[i]);
+        if (access(path, F_OK) < 0) {
+            if (errno == ENOENT) continue;
+            return -1;
+        }
+        if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Mount what the agent sees at /root: overlay + read-only host binds + dev + proc. */
 static int mount_rootfs(void) {
     char opts[16384], path[4096];
     int n;
@@ -211,16 +269,10 @@ static int mount_rootfs(void) {
         char src[64];
         snprintf(src, sizeof src, "/binds/%d", i);
         snprintf(path, sizeof path, "/root%s", cfg.bdst[i]);
-        if (mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
-        if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+        if (mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV) < 0)
             return -1;
     }
-    if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
-    /* Many /proc/sys entries are host-global (no user namespace here): read-only. */
-    if (mount("/root/proc/sys", "/root/proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
-        mount(NULL, "/root/proc/sys", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              NULL) < 0)
-        return -1;
     if (mount("tldev", "/root/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0) return -1;
     static const struct { const char *name; int maj, min; } devs[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
@@ -240,18 +292,23 @@ static int mount_rootfs(void) {
         return -1;
     snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)cfg.shm);
     if (mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
-    return 0;
+    return mount_proc();
 }
 
 static void setup_root(void) {
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fatal(S_MOUNT);
     if (mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0) fatal(S_MOUNT);
-    static const char *dirs[] = {"rw", "root", "old", "layers", "binds"};
-    for (size_t i = 0; i < 5; i++) {
+    static const char *dirs[] = {"rw", "root", "old", "layers", "binds", "empty"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", cfg.mnt, dirs[i]);
-        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (mkdir(path, i == 5 ? 0555 : 0700) < 0) fatal(S_MOUNT);
     }
+    /* The empty directory that masks /proc directories: a read-only mount of its own. */
+    snprintf(path, sizeof path, "%s/empty", cfg.mnt);
+    if (mount(path, path, NULL, MS_BIND, NULL) < 0 ||
+        set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
+        fatal(S_MOUNT);
     /* Lower layers and bind sources are bound into the staging root so that a
      * reset, after pivot_root, can mount them again without the host's tree. */
     for (int i = 0; i < cfg.nlower; i++) {
@@ -485,6 +542,31 @@ static int child_entry(void *arg) {
     run_child(a->x, a->wr);
 }
 
+/* What the zygote keeps: CAP_SETUID and CAP_SETGID, to switch each command to the
+ * agent's ids; nothing else (no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_DAC_OVERRIDE, ...).
+ * The bounding and ambient sets are emptied, and the securebits are locked so that
+ * neither uid 0 nor a setuid binary can bring a capability back at exec, and a uid
+ * switch always clears the rest. The hard RLIMIT_NOFILE is raised to the kernel's
+ * ceiling first (where the host allows): lowering it per command needs no privilege,
+ * raising it would. */
+#define TL_SECBITS 0x2b /* NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED */
+#define TL_SECBIT_NO_CAP_AMBIENT_RAISE 0xc0 /* and _LOCKED */
+static int drop_zygote_privileges(void) {
+    struct rlimit rl;
+    if (nr_open && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < nr_open) {
+        rl.rlim_max = nr_open;
+        (void)setrlimit(RLIMIT_NOFILE, &rl); /* a host without CAP_SYS_RESOURCE keeps its limit */
+    }
+    for (int c = 0; c <= cap_last; c++)
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) return -1;
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) return -1;
+    if (prctl(PR_SET_SECUREBITS, TL_SECBITS | TL_SECBIT_NO_CAP_AMBIENT_RAISE, 0, 0, 0) < 0) return -1;
+    struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct cd[2] = {{0}};
+    cd[0].effective = cd[0].permitted = (1u << CAP_SETUID) | (1u << CAP_SETGID);
+    return (int)syscall(SYS_capset, &ch, cd);
+}
+
 static _Noreturn void zygote_main(int s) {
     static char buf[MSGMAX];
     if (s != 3) {
@@ -498,12 +580,11 @@ static _Noreturn void zygote_main(int s) {
     uint32_t stage = 0;
     if (chroot("/root") < 0 || chdir("/") < 0) stage = S_CHROOT;
     if (!stage && (zygote_null = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) stage = S_FDS;
-    for (int c = 0; !stage && c <= cap_last; c++)
-        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) stage = S_CAPS;
-    if (!stage && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) stage = S_CAPS;
+    if (!stage && drop_zygote_privileges() < 0) stage = S_CAPS;
     if (stage) {
     } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
     else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0) stage = S_SECCOMP;
+    int stage_err = stage ? errno : 0; /* reported with every request: the zygote cannot work */
     for (;;) {
         int fds[3], nfds;
         int len = recv_with_fds(s, buf, sizeof buf, fds, &nfds);
@@ -515,7 +596,7 @@ static _Noreturn void zygote_main(int s) {
         char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
         int ep[2];
         if (stage) {
-            z.err = EPERM;
+            z.err = stage_err;
             z.stage = stage;
         } else if (parse_exec(buf, len, fds, nfds, &x, argv, envp) < 0) {
             z.err = EINVAL;
@@ -840,6 +921,11 @@ int main(int argc, char **argv) {
     cbuf[len] = 0;
     parse_config(cbuf, len);
     load_seccomp();
+    FILE *no = fopen("/proc/sys/fs/nr_open", "re");
+    if (no) {
+        if (fscanf(no, "%lu", &nr_open) != 1) nr_open = 0;
+        fclose(no);
+    }
     FILE *cl = fopen("/proc/sys/kernel/cap_last_cap", "re");
     if (cl) {
         if (fscanf(cl, "%d", &cap_last) != 1) cap_last = 63;
