@@ -19,10 +19,10 @@
  * the namespaces and mounts with it: nothing leaks but the cgroup directories,
  * which the host removes (or `tryloop sandbox gc` after a host crash).
  *
- * Each command runs in a fresh child: new session, chroot to the overlay,
- * rlimits, oom_score_adj 0, all capabilities dropped (bounding set too),
- * setuid to the unprivileged uid, no_new_privs, the precompiled seccomp filter,
- * then execve. Resetting kills every process (kill(-1) from pid 1), detaches
+ * Each command is cloned from the zygote, which chrooted to the overlay, kept
+ * only CAP_SETUID/CAP_SETGID (bounding set empty), set no_new_privs and loaded
+ * the precompiled seccomp filter: new session, rlimits, oom_score_adj 0, setuid
+ * to the unprivileged uid (which clears the last capabilities), then execve. Resetting kills every process (kill(-1) from pid 1), detaches
  * the overlay and its tmpfs, enters a fresh IPC namespace and mounts again:
  * the cost does not depend on the size of the workspace.
  */
@@ -460,9 +460,9 @@ static struct run *find_run_id(uint32_t id) {
  * into a zygote process that has already chrooted into the agent's root and set
  * no_new_privs; every command is cloned from it and inherits the filter. The
  * zygote clones with CLONE_PARENT, so commands are children of init, which reaps
- * them and reports status and rusage. The zygote keeps root's uid to switch to
- * the agent's per command; it is unreachable to the agent (other uid, seccomp
- * denies ptrace) and is replaced at every reset. */
+ * them and reports status and rusage. The zygote keeps root's uid and only the
+ * two capabilities that switch to the agent's ids per command; it is unreachable
+ * to the agent (other uid, seccomp denies ptrace) and is replaced at every reset. */
 
 struct zrsp {
     uint32_t id;
