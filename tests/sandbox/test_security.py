@@ -326,6 +326,8 @@ async def test_mounts_are_read_only_nosuid_nodev(sandbox):
             need = {"nosuid"} | ({"nodev"} if point != "/dev" else {"noexec"})
         elif point.startswith("/proc/"):  # a masked or read-only part of /proc
             need = {"ro", "nosuid", "noexec"}
+        elif point.startswith("/dev/") and point[5:] in SAFE_DEV:  # a device node of the host
+            need = {"nosuid", "noexec"}
         else:  # a host directory bound in: /usr, the Python prefix
             need = {"ro", "nosuid", "nodev"}
         assert need <= opts, f"{point} lacks {need - opts}: {line}"

@@ -68,7 +68,7 @@ enum {
 enum {
     S_NONE = 0, S_CONFIG, S_CGROUP, S_UNSHARE, S_FORK, S_MOUNT, S_PIVOT,
     S_NET, S_SECCOMP_LOAD, S_CHROOT, S_RLIMIT, S_CAPS, S_SETUID, S_CWD,
-    S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET,
+    S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET, S_USERNS,
 };
 enum { F_STDIN = 1, F_STDOUT = 2, F_STDERR = 4, F_MERGE = 8, F_QUIET = 16 /* no start report */ };
 enum { X_TIMEDOUT = 1, X_RESET = 2, X_EXPIRED = 4 };
@@ -102,6 +102,8 @@ static struct {
     char *hostname;
     char *seccomp_path;
     int net;                    /* 1: share host network */
+    uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
+    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* idmapped mounts made by the launcher */
     uint64_t quota, shm;
     uint64_t lifetime_ms;
 } cfg;
@@ -170,6 +172,7 @@ static void parse_config(char *buf, size_t len) {
         else if (!strcmp(k, "hostname")) cfg.hostname = v;
         else if (!strcmp(k, "seccomp")) cfg.seccomp_path = v;
         else if (!strcmp(k, "net")) cfg.net = atoi(v);
+        else if (!strcmp(k, "idbase")) cfg.idbase = strtoull(v, NULL, 10);
         else if (!strcmp(k, "quota")) cfg.quota = strtoull(v, NULL, 10);
         else if (!strcmp(k, "shm")) cfg.shm = strtoull(v, NULL, 10);
         else if (!strcmp(k, "lifetime_ms")) cfg.lifetime_ms = strtoull(v, NULL, 10);
@@ -215,6 +218,41 @@ static int set_attr_recursive(const char *path, uint64_t attrs) {
     return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE, &a, sizeof a);
 }
 
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#define TL_OPEN_TREE_CLONE 1
+#define TL_MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define TL_ATTR_IDMAP 0x100000
+
+/* A detached copy of `path` (and its submounts if `recursive`) whose ids are shown
+ * through the user namespace `userns`: on-disk id N reads as id N inside it. Only a
+ * process of the host's user namespace may make one; the sandbox then moves it in. */
+static int idmapped_tree(const char *path, int userns, int recursive, uint64_t attrs) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                          TL_OPEN_TREE_CLONE | O_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+    if (fd < 0) return -1;
+    struct tl_mount_attr a = {attrs | TL_ATTR_IDMAP, 0, 0, (uint64_t)userns};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &a, sizeof a) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static int move_mount_fd(int fd, const char *target) {
+    int r = (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, target, TL_MOVE_MOUNT_F_EMPTY_PATH);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return r;
+}
+
 /* /proc entries that describe the host rather than the sandbox, as the common container
  * runtimes treat them: masked files read as /dev/null, masked directories as an empty
  * read-only directory, and the writable host-global knobs are made read-only. Entries
@@ -224,10 +262,12 @@ static const char *const masked_proc[] = {
     "timer_list", "timer_stats", "sched_debug", "scsi",
 };
 static const char *const readonly_proc[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
+/* Device nodes of the host bound into /dev: a user namespace may not mknod them. */
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 
 static int mount_proc(void) {
     char path[256];
-    if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
+    if (mount("/proc", "/root/proc", NULL, MS_BIND, NULL) < 0) return -1;
     for (size_t i = 0; i < sizeof masked_proc / sizeof masked_proc[0]; i++) {
         struct stat st;
         snprintf(path, sizeof path, "/root/proc/%s", masked_proc[i]);
@@ -235,8 +275,8 @@ static int mount_proc(void) {
             if (errno == ENOENT) continue;
             return -1;
         }
-        /* /empty and /root/dev/null are read-only mounts: their binds are too. */
-        if (mount(S_ISDIR(st.st_mode) ? "/empty" : "/root/dev/null", path, NULL, MS_BIND, NULL) < 0)
+        if (mount(S_ISDIR(st.st_mode) ? "/empty" : "/root/dev/null", path, NULL, MS_BIND, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NOEXEC) < 0)
             return -1;
     }
     for (size_t i = 0; i < sizeof readonly_proc / sizeof readonly_proc[0]; i++) {
@@ -263,6 +303,9 @@ static int mount_rootfs(void) {
     for (int i = 0; i < cfg.nlower; i++)
         n += snprintf(opts + n, sizeof opts - n, "%s/layers/%d", i ? ":" : "", i);
     n += snprintf(opts + n, sizeof opts - n, ",upperdir=/rw/upper,workdir=/rw/work");
+    /* In a user namespace overlayfs may not set trusted.* xattrs: opaque directories
+     * are marked with user.overlay.opaque (the layer store writes both). */
+    if (cfg.idbase) n += snprintf(opts + n, sizeof opts - n, ",userxattr");
     if (n >= (int)sizeof opts) { errno = E2BIG; return -1; }
     if (mount("tlroot", "/root", "overlay", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
     for (int i = 0; i < cfg.nbind; i++) {
@@ -274,13 +317,14 @@ static int mount_rootfs(void) {
             return -1;
     }
     if (mount("tldev", "/root/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0) return -1;
-    static const struct { const char *name; int maj, min; } devs[] = {
-        {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
-    };
-    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
-        snprintf(path, sizeof path, "/root/dev/%s", devs[i].name);
-        if (mknod(path, S_IFCHR | 0666, makedev(devs[i].maj, devs[i].min)) < 0) return -1;
-        chmod(path, 0666); /* umask */
+    for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+        char src[64];
+        snprintf(src, sizeof src, "/devs/%s", dev_nodes[i]);
+        snprintf(path, sizeof path, "/root/dev/%s", dev_nodes[i]);
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+        if (fd < 0) return -1;
+        close(fd);
+        if (mount(src, path, NULL, MS_BIND, NULL) < 0) return -1;
     }
     symlink("/proc/self/fd", "/root/dev/fd");
     symlink("/proc/self/fd/0", "/root/dev/stdin");
@@ -299,25 +343,45 @@ static void setup_root(void) {
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fatal(S_MOUNT);
     if (mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0) fatal(S_MOUNT);
-    static const char *dirs[] = {"rw", "root", "old", "layers", "binds", "empty"};
+    static const char *dirs[] = {"rw", "root", "old", "layers", "binds", "devs", "proc", "empty"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", cfg.mnt, dirs[i]);
-        if (mkdir(path, i == 5 ? 0555 : 0700) < 0) fatal(S_MOUNT);
+        if (mkdir(path, !strcmp(dirs[i], "empty") ? 0555 : 0700) < 0) fatal(S_MOUNT);
     }
     /* The empty directory that masks /proc directories: a read-only mount of its own. */
     snprintf(path, sizeof path, "%s/empty", cfg.mnt);
     if (mount(path, path, NULL, MS_BIND, NULL) < 0 ||
         set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
         fatal(S_MOUNT);
+    /* This pid namespace's proc, mounted while the host's /proc is still visible (a user
+     * namespace may mount proc only then); every /root/proc is a bind of it. */
+    snprintf(path, sizeof path, "%s/proc", cfg.mnt);
+    if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fatal(S_MOUNT);
+    for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+        char src[64];
+        snprintf(src, sizeof src, "/dev/%s", dev_nodes[i]);
+        snprintf(path, sizeof path, "%s/devs/%s", cfg.mnt, dev_nodes[i]);
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+        if (fd < 0) fatal(S_MOUNT);
+        close(fd);
+        if (mount(src, path, NULL, MS_BIND, NULL) < 0 || set_attr_recursive(path, TL_ATTR_NOSUID | TL_ATTR_NOEXEC) < 0)
+            fatal(S_MOUNT);
+    }
     /* Lower layers and bind sources are bound into the staging root so that a
-     * reset, after pivot_root, can mount them again without the host's tree. */
+     * reset, after pivot_root, can mount them again without the host's tree. With a
+     * user namespace they are the launcher's idmapped mounts, moved in. */
     for (int i = 0; i < cfg.nlower; i++) {
         snprintf(path, sizeof path, "%s/layers/%d", cfg.mnt, i);
-        if (mkdir(path, 0700) < 0 || mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0) fatal(S_MOUNT);
+        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (cfg.idbase ? move_mount_fd(cfg.lower_fd[i], path) < 0
+                       : mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0)
+            fatal(S_MOUNT);
     }
     for (int i = 0; i < cfg.nbind; i++) {
         snprintf(path, sizeof path, "%s/binds/%d", cfg.mnt, i);
-        if (mkdir(path, 0700) < 0 || mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
+        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (cfg.idbase ? move_mount_fd(cfg.bind_fd[i], path) < 0
+                       : mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
             fatal(S_MOUNT);
     }
     snprintf(path, sizeof path, "%s/old", cfg.mnt);
@@ -908,6 +972,63 @@ static void serve(void) {
     _exit(0);
 }
 
+/* The init in a user namespace of its own: its ids 0..65535 are the host's
+ * idbase..idbase+65535, ids no host user has and no other sandbox shares. The
+ * namespaces are created together by one clone, so the user namespace owns the
+ * others. The launcher, still in the host's user namespace, writes the id maps and
+ * makes the idmapped mounts of the layers and host binds (which only it may do);
+ * the child shares its descriptor table (CLONE_FILES) and waits on a pipe for the
+ * descriptor numbers, then becomes root of its namespace. */
+static pid_t launch_in_user_namespace(int flags) {
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) < 0) fatal(S_USERNS);
+    pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWUSER | CLONE_FILES | flags | SIGCHLD, 0, 0, 0, 0);
+    if (pid < 0) fatal(S_USERNS);
+    int n = cfg.nlower + cfg.nbind;
+    int fds[MAXLAYERS + MAXBINDS];
+    if (pid == 0) {
+        ssize_t got;
+        do got = read(sync[0], fds, sizeof(int) * n);
+        while (got < 0 && errno == EINTR);
+        if (got != (ssize_t)(sizeof(int) * n)) _exit(113); /* the launcher failed and said so */
+        close(sync[0]);
+        close(sync[1]);
+        for (int i = 0; i < cfg.nlower; i++) cfg.lower_fd[i] = fds[i];
+        for (int i = 0; i < cfg.nbind; i++) cfg.bind_fd[i] = fds[cfg.nlower + i];
+        if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) fatal(S_USERNS);
+        return 0;
+    }
+    char path[64], map[64];
+    snprintf(map, sizeof map, "0 %llu 65536", (unsigned long long)cfg.idbase);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+    int ok = write_file(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
+    ok = ok && write_file(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+    int userns = ok ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    ok = userns >= 0;
+    for (int i = 0; ok && i < cfg.nlower; i++)
+        ok = (fds[i] = idmapped_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+    for (int i = 0; ok && i < cfg.nbind; i++)
+        ok = (fds[cfg.nlower + i] = idmapped_tree(cfg.bsrc[i], userns, 1,
+                                                  TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+    if (!ok) {
+        int e = errno;
+        kill(pid, SIGKILL);
+        errno = e;
+        fatal(S_USERNS);
+    }
+    /* Protect the init from the OOM killer as the host sees it (best effort: needs
+     * CAP_SYS_RESOURCE, which the sandbox's own root does not have). */
+    snprintf(path, sizeof path, "/proc/%d/oom_score_adj", pid);
+    write_file(path, "-1000");
+    if (write(sync[1], fds, sizeof(int) * n) != (ssize_t)(sizeof(int) * n)) {
+        kill(pid, SIGKILL);
+        fatal(S_USERNS);
+    }
+    return pid;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: tlinit CTL_FD (started by tryloop, not by hand)\n");
@@ -935,11 +1056,16 @@ int main(int argc, char **argv) {
         if (write_file(cfg.cg[i], "0") < 0) fatal(S_CGROUP);
     int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
     if (!cfg.net) flags |= CLONE_NEWNET;
-    if (unshare(flags) < 0) fatal(S_UNSHARE);
     /* CLONE_PARENT: the init becomes a child of the host process (not of this
      * launcher, which exits now), so the host reaps it through its pidfd. */
-    pid_t pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
-    if (pid < 0) fatal(S_FORK);
+    pid_t pid;
+    if (cfg.idbase) {
+        pid = launch_in_user_namespace(flags);
+    } else {
+        if (unshare(flags) < 0) fatal(S_UNSHARE);
+        pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+        if (pid < 0) fatal(S_FORK);
+    }
     if (pid > 0) {
         struct rsp r = {0};
         r.op = R_PID;
