@@ -48,6 +48,13 @@ def _has_syscall_openat2() -> bool:
     return ctypes.get_errno() != 38
 
 
+def _has_syscall_mount_setattr() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    # mount_setattr with a NULL attr: EINVAL/EFAULT mean the syscall exists, ENOSYS means not.
+    libc.syscall(442, -100, b"/", 0, None, 0)
+    return ctypes.get_errno() != 38
+
+
 def checks() -> list[Check]:
     from tryloop.sandbox.cgroups import CgroupHost
     from tryloop.sandbox.native import compiler
@@ -57,8 +64,8 @@ def checks() -> list[Check]:
     out.append(Check("root", is_root, "running as root" if is_root else f"running as uid {os.geteuid()}",
                      fix="run as root: mounts, cgroups and uid switches need CAP_SYS_ADMIN"))
     major, minor = _kernel()
-    out.append(Check("kernel >= 5.10", (major, minor) >= (5, 10), f"Linux {platform.release()}",
-                     fix="close_range, pidfd_open and openat2 need Linux 5.10 or newer"))
+    out.append(Check("kernel >= 5.12", (major, minor) >= (5, 12), f"Linux {platform.release()}",
+                     fix="close_range, pidfd_open, openat2 and mount_setattr need Linux 5.12 or newer"))
     ns_dir = Path("/proc/self/ns")
     for ns in ("mnt", "pid", "ipc", "uts", "net", "cgroup"):
         present = (ns_dir / ns).exists()
@@ -75,6 +82,8 @@ def checks() -> list[Check]:
     arch_ok = arch in ("x86_64", "amd64", "aarch64", "arm64")
     out.append(Check("seccomp tables for arch", arch_ok, arch, fix="add this architecture's syscall table"))
     out.append(Check("openat2", _has_syscall_openat2(), "confined path resolution for the file API"))
+    out.append(Check("mount_setattr", _has_syscall_mount_setattr(),
+                     "read-only binds that stay read-only in every submount"))
     out.append(Check("pidfd_open", hasattr(os, "pidfd_open"), "process handles immune to pid reuse"))
     try:
         cg = CgroupHost.detect()

@@ -19,7 +19,7 @@ X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4
 STAGES = [
     "none", "config", "cgroup", "unshare", "fork", "mount", "pivot_root", "network",
     "seccomp-load", "chroot", "rlimit", "capabilities", "setuid", "cwd", "no_new_privs",
-    "seccomp", "exec", "fds", "too-many-processes", "reset",
+    "seccomp", "exec", "fds", "too-many-processes", "reset", "user-namespace",
 ]
 S_CWD = STAGES.index("cwd")
 S_EXEC = STAGES.index("exec")

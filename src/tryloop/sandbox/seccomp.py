@@ -1,24 +1,33 @@
-"""Seccomp-BPF deny-list filter, built once in pure Python (no libseccomp).
+"""Seccomp-BPF allow-list filter, built once in pure Python (no libseccomp).
 
-The sandbox's C init process loads the bytes from `build_filter()` before each exec:
-`prctl(PR_SET_NO_NEW_PRIVS, 1)` then `prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog)`
-with `sock_fprog{len = filter_length(prog), filter = prog}`. Building the program here keeps the
+The sandbox's zygote loads the bytes from `build_filter()` once, before it clones any command:
+`prctl(PR_SET_NO_NEW_PRIVS, 1)` then `seccomp(SECCOMP_SET_MODE_FILTER, 0, &sock_fprog)` with
+`sock_fprog{len = filter_length(prog), filter = prog}`. Building the program here keeps the
 policy reviewable and testable, and the C side trivial.
 
+The policy is an allow-list in the manner of the default profiles of the common container
+runtimes: `ALLOWED` names the syscalls a Linux userland (shells, coreutils, compilers, Python,
+pytest, pip) needs; a few of them are allowed only for some argument values (`_ARG_RULES`:
+clone without namespace flags, socket and socketpair for unix/inet/inet6 only, ioctl without
+terminal input injection, personality). Every other syscall the arch's table knows fails with
+EPERM. A number the table does not know (a syscall newer than this file, or a hole in the
+numbering) fails with ENOSYS, as does clone3: ENOSYS is what makes glibc and others fall back
+to the older call they can do without, where EPERM would be taken as a real refusal.
+
 The program is a classic-BPF `struct sock_filter[]` (8 bytes each: u16 code, u8 jt, u8 jf,
-u32 k). It is laid out so every jump is short and forward, hence the u8 jump offsets never
-overflow however many syscalls are denied:
+u32 k). After the ABI check it is a binary search over the syscall number: the numbers are
+cut into ranges of equal verdict, and each inner node compares with the first number of its
+right half, so a syscall costs about log2(ranges) comparisons however long the list is:
 
     ld  [4]                        seccomp_data.arch
     jeq AUDIT_ARCH, 1, 0
     ret KILL_PROCESS               another ABI (e.g. i386 `int 0x80` on x86_64)
     ld  [0]                        seccomp_data.nr
-    jge 0x40000000, 0, 1           x86_64 only: the x32 ABI
-    ret ERRNO(EPERM)
-    jeq NR, 0, 1 / ret ERRNO(EPERM)        one pair per denied syscall
-    jeq NR, 0, len / <block ending in ret> one block per argument rule (clone, ioctl, ...)
-    jeq clone3, 0, 1 / ret ERRNO(ENOSYS)
-    ret ALLOW
+    node:  jge FIRST_OF_RIGHT, 0, 1 / ja RIGHT / <left subtree> / <right subtree>
+    leaf:  ret ALLOW | ret ERRNO(EPERM) | ret ERRNO(ENOSYS) | <argument rule ending in ret>
+
+Conditional jumps reach only 255 instructions ahead, so a node whose left subtree is longer
+jumps to its right subtree through `ja` (a 32-bit offset).
 """
 
 from __future__ import annotations
@@ -27,48 +36,108 @@ import functools
 import platform
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from tryloop.errors import HostUnsupported
 
 __all__ = [
-    "DEFAULT_DENY",
+    "ALLOWED",
+    "ARG_RULES",
+    "NOTABLY_DENIED",
+    "SOCKET_FAMILIES",
     "SUPPORTED_ARCHES",
     "SYSCALLS",
     "build_filter",
     "describe",
     "filter_length",
+    "verdicts",
 ]
 
-DEFAULT_DENY: tuple[str, ...] = (
-    # mounts and the new mount API; open_tree_attr (6.15) is open_tree plus mount_setattr
-    "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "open_tree_attr",
-    "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-    # other processes' memory and kernel-object comparisons
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-    # kernel attack surface an agent never needs
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key", "lookup_dcookie", "fanotify_init",
-    # namespaces (clone's namespace flags are an argument rule below)
-    "unshare", "setns",
-    # file handles bypass path-based confinement
-    "open_by_handle_at", "name_to_handle_at",
-    # kernel modules, kexec, power, swap, accounting, quotas, kernel log
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "create_module", "get_kernel_syms", "query_module", "reboot", "swapon", "swapoff", "acct",
-    "quotactl", "syslog",
-    # host-wide clocks and names
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
-    "setdomainname",
-    # x86 port I/O, obsolete or dead syscalls
-    "iopl", "ioperm", "uselib", "vhangup", "nfsservctl", "_sysctl",
+# What sandboxed programs may call. Names an arch lacks (e.g. `open` on aarch64) are skipped
+# there. Deliberately absent, beyond the privileged calls every runtime denies (mount and the
+# mount API, namespaces, modules, kexec, reboot, swap, clocks, quotas, acct, syslog, ...):
+# ptrace and process_vm_* / pidfd_getfd / kcmp / process_madvise (other processes' memory),
+# bpf, perf_event_open, userfaultfd, io_uring, keyctl and friends, fanotify, file handles,
+# memfd_secret, the NUMA calls (mbind, *_mempolicy, migrate_pages, move_pages), sysfs, ustat,
+# modify_ldt, the mount-listing calls (statmount, listmount, listns) and the LSM attributes.
+ALLOWED: tuple[str, ...] = (
+    # files and directories
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2",
+    "pwritev2", "lseek", "open", "openat", "openat2", "creat", "close", "close_range",
+    "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
+    "faccessat2", "getdents", "getdents64", "getcwd", "chdir", "fchdir", "mkdir", "mkdirat",
+    "rmdir", "rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat",
+    "symlink", "symlinkat", "readlink", "readlinkat", "chmod", "fchmod", "fchmodat",
+    "fchmodat2", "chown", "fchown", "lchown", "fchownat", "umask", "truncate", "ftruncate",
+    "fallocate", "fadvise64", "readahead", "fsync", "fdatasync", "sync", "syncfs",
+    "sync_file_range", "flock", "mknod", "mknodat", "utime", "utimes", "futimesat",
+    "utimensat", "sendfile", "copy_file_range", "splice", "tee", "vmsplice",
+    "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "setxattr",
+    "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "getxattrat",
+    "setxattrat", "listxattrat", "removexattrat",
+    # descriptors, polling, events
+    "dup", "dup2", "dup3", "fcntl", "pipe", "pipe2", "select", "pselect6", "poll", "ppoll",
+    "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2",
+    "eventfd", "eventfd2", "signalfd", "signalfd4", "timerfd_create", "timerfd_settime",
+    "timerfd_gettime", "inotify_init", "inotify_init1", "inotify_add_watch",
+    "inotify_rm_watch", "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents",
+    "io_pgetevents", "memfd_create",
+    # memory
+    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mincore",
+    "remap_file_pages", "mlock", "mlock2", "munlock", "mlockall", "munlockall", "membarrier",
+    "pkey_alloc", "pkey_free", "pkey_mprotect", "map_shadow_stack", "mseal",
+    # processes and threads (clone has an argument rule; clone3 gets ENOSYS)
+    "fork", "vfork", "execve", "execveat", "exit", "exit_group", "wait4", "waitid", "kill",
+    "tkill", "tgkill", "getpid", "getppid", "gettid", "getpgid", "setpgid", "getpgrp",
+    "getsid", "setsid", "set_tid_address", "set_robust_list", "get_robust_list", "futex",
+    "futex_waitv", "futex_wake", "futex_wait", "futex_requeue", "rseq", "arch_prctl",
+    "set_thread_area", "get_thread_area", "prctl", "seccomp", "pidfd_open",
+    "pidfd_send_signal", "landlock_create_ruleset", "landlock_add_rule",
+    "landlock_restrict_self",
+    # credentials (changing them needs capabilities the agent does not have)
+    "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups", "setuid",
+    "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid",
+    "setgroups", "capget", "capset",
+    # signals
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "rt_sigsuspend", "sigaltstack", "pause",
+    "restart_syscall",
+    # time and timers (reading clocks, sleeping; setting them is denied)
+    "time", "gettimeofday", "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep",
+    "alarm", "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete", "times",
+    # scheduling and limits
+    "sched_yield", "sched_getaffinity", "sched_setaffinity", "sched_getparam",
+    "sched_setparam", "sched_getscheduler", "sched_setscheduler", "sched_getattr",
+    "sched_setattr", "sched_get_priority_max", "sched_get_priority_min",
+    "sched_rr_get_interval", "getpriority", "setpriority", "ioprio_get", "ioprio_set",
+    "getrlimit", "setrlimit", "prlimit64", "getrusage", "getcpu", "sysinfo", "uname",
+    "getrandom",
+    # sockets (socket and socketpair have an argument rule)
+    "connect", "accept", "accept4", "bind", "listen", "getsockname", "getpeername", "sendto",
+    "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg", "shutdown", "setsockopt",
+    "getsockopt",
+    # System V and POSIX IPC (private to the sandbox's IPC namespace)
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget",
+    "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr",
+)  # fmt: skip
+
+# Denied calls worth naming in a doctor report (everything outside ALLOWED is denied).
+NOTABLY_DENIED: tuple[str, ...] = (
+    "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsmount",
+    "mount_setattr", "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev",
+    "pidfd_getfd", "kcmp", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl",
+    "add_key", "request_key", "open_by_handle_at", "name_to_handle_at", "init_module",
+    "finit_module", "kexec_load", "reboot", "swapon", "acct", "quotactl", "syslog",
+    "settimeofday", "clock_settime", "adjtimex", "sethostname", "setdomainname", "iopl",
+    "ioperm", "modify_ldt", "mbind", "set_mempolicy", "get_mempolicy", "migrate_pages",
+    "move_pages", "sysfs", "memfd_secret", "fanotify_init", "statmount", "listmount",
 )  # fmt: skip
 
 # Constants from the kernel UAPI (linux/audit.h, linux/seccomp.h, linux/filter.h).
 _AUDIT_ARCH_X86_64 = 0xC000003E  # EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE
 _AUDIT_ARCH_AARCH64 = 0xC00000B7  # EM_AARCH64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE
-_X32_SYSCALL_BIT = 0x40000000  # x32 ABI syscalls on x86_64 carry this bit in nr
 
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000  # low 16 bits: the errno returned
@@ -77,6 +146,7 @@ _EPERM = 1
 _ENOSYS = 38  # same value on x86_64 and aarch64
 
 _BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = u32 at seccomp_data + k
+_BPF_JA = 0x05  # BPF_JMP | BPF_JA: pc += k (32 bits)
 _BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _BPF_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K (unsigned)
 _BPF_JSET_K = 0x45  # BPF_JMP | BPF_JSET | BPF_K: jump if A & k
@@ -109,8 +179,12 @@ _CLONE_NS_FLAGS = {
 _CLONE_NS_MASK = functools.reduce(int.__or__, _CLONE_NS_FLAGS.values())
 _TIOCSTI = 0x5412  # push a byte into a terminal's input queue: types commands into its owner
 _TIOCLINUX = 0x541C  # virtual-console tricks, including selection paste (same injection)
+# Socket families a task needs: local sockets and IP in the sandbox's own network namespace.
+# Not netlink: glibc's getaddrinfo falls back when it cannot open one (it then assumes both
+# IPv4 and IPv6 are configured), and the sandbox's namespace has only `lo` to ask about,
+# while the netlink families are a large kernel surface (routing, xfrm, netfilter, audit).
+SOCKET_FAMILIES: Mapping[str, int] = MappingProxyType({"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10})
 _AF_INET = 2
-_AF_PACKET = 17
 _SOCK_PACKET = 10  # obsolete: socket(AF_INET, SOCK_PACKET) is silently made an AF_PACKET socket
 _SOCK_TYPE_MASK = 0xF  # the type argument also carries SOCK_NONBLOCK / SOCK_CLOEXEC
 # Personas Docker's default profile allows: Linux, PER_LINUX32, UNAME26, both, and the
@@ -123,7 +197,8 @@ def _parse_table(text: str) -> Mapping[str, int]:
     return MappingProxyType({name: int(nr) for name, nr in pairs})
 
 
-# Full tables so extra_deny can name any syscall. Generated from the Linux 6.1 UAPI headers
+# Full tables: they decide which numbers are known (EPERM when not allowed) and which are
+# not (ENOSYS), and extra_deny may name any syscall. Generated from the Linux 6.1 UAPI headers
 # (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h with arm64's __ARCH_WANT_RENAMEAT,
 # NEW_STAT, SET_GET_RLIMIT, SYS_CLONE3, MEMFD_SECRET), plus 451-470 (cachestat .. listns)
 # from upstream's syscall tables, where both arches share the numbers.
@@ -249,18 +324,8 @@ SYSCALLS: Mapping[str, Mapping[str, int]] = MappingProxyType(
     {"x86_64": _parse_table(_X86_64_TABLE), "aarch64": _parse_table(_AARCH64_TABLE)}
 )
 
-
-@dataclass(frozen=True)
-class _Arch:
-    audit_arch: int
-    x32_bit: bool  # whether syscall numbers with _X32_SYSCALL_BIT reach this arch's filter
-
-
-_ARCHES: Mapping[str, _Arch] = MappingProxyType(
-    {
-        "x86_64": _Arch(_AUDIT_ARCH_X86_64, x32_bit=True),
-        "aarch64": _Arch(_AUDIT_ARCH_AARCH64, x32_bit=False),
-    }
+_ARCHES: Mapping[str, int] = MappingProxyType(
+    {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}
 )
 SUPPORTED_ARCHES: tuple[str, ...] = tuple(_ARCHES)
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
@@ -283,17 +348,19 @@ def _ret(action: int) -> _Insn:
 
 
 _DENY = _ret(_RET_ERRNO | _EPERM)
+_NOSYS = _ret(_RET_ERRNO | _ENOSYS)
 _ALLOW = _ret(_RET_ALLOW)
 
 
-def _arg_equals(
-    arg: int, values: Iterable[int], on_match: _Insn, otherwise: _Insn
-) -> tuple[_Insn, ...]:
-    """Body of a rule: `on_match` if the argument's low 32 bits is one of `values`."""
+def _arg_in(arg: int, values: Iterable[int], on_match: _Insn, otherwise: _Insn,
+            mask: int | None = None) -> tuple[_Insn, ...]:
+    """Body of a rule: `on_match` if the argument's low 32 bits (masked) is one of `values`."""
     values = tuple(values)
     n = len(values)
     body = [_stmt(_BPF_LD_W_ABS, _arg_lo(arg))]
-    # JEQ number j sits at index 1 + j; on_match is at index n + 2.
+    if mask is not None:
+        body.append(_stmt(_BPF_AND_K, mask))
+    # JEQ number j jumps over the n - 1 - j JEQs after it and `otherwise` to reach on_match.
     body += [_jump(_BPF_JEQ_K, v, n - j, 0) for j, v in enumerate(values)]
     return (*body, otherwise, on_match)
 
@@ -308,40 +375,50 @@ def _clone_body() -> tuple[_Insn, ...]:
 
 
 def _socket_body() -> tuple[_Insn, ...]:
+    unix, inet, inet6 = SOCKET_FAMILIES["AF_UNIX"], SOCKET_FAMILIES["AF_INET"], SOCKET_FAMILIES["AF_INET6"]
     return (
         _stmt(_BPF_LD_W_ABS, _arg_lo(0)),  # 0: domain
-        _jump(_BPF_JEQ_K, _AF_PACKET, 5, 0),  # 1: -> 7 deny
-        _jump(_BPF_JEQ_K, _AF_INET, 0, 3),  # 2: not AF_INET -> 6 allow
-        _stmt(_BPF_LD_W_ABS, _arg_lo(1)),  # 3: type
-        _stmt(_BPF_AND_K, _SOCK_TYPE_MASK),  # 4
-        _jump(_BPF_JEQ_K, _SOCK_PACKET, 1, 0),  # 5: -> 7 deny
-        _ALLOW,  # 6
-        _DENY,  # 7
+        _jump(_BPF_JEQ_K, unix, 6, 0),  # 1: -> 8 allow
+        _jump(_BPF_JEQ_K, inet6, 5, 0),  # 2: -> 8 allow
+        _jump(_BPF_JEQ_K, inet, 0, 5),  # 3: another family -> 9 deny
+        _stmt(_BPF_LD_W_ABS, _arg_lo(1)),  # 4: type
+        _stmt(_BPF_AND_K, _SOCK_TYPE_MASK),  # 5
+        _jump(_BPF_JEQ_K, _SOCK_PACKET, 2, 0),  # 6: -> 9 deny
+        _ALLOW,  # 7
+        _ALLOW,  # 8
+        _DENY,  # 9
     )
 
 
-# name -> (body of the rule, doctor-report line). Each body ends in a ret, so the rules need no
-# jumps between them and may clobber the accumulator.
-_ARG_RULES: Mapping[str, tuple[tuple[_Insn, ...], str]] = MappingProxyType(
+# name -> (body of the rule, doctor-report line). Each body ends in a ret, so a rule is a leaf
+# of the search tree and may clobber the accumulator.
+ARG_RULES: Mapping[str, tuple[tuple[_Insn, ...], str]] = MappingProxyType(
     {
         "clone": (
             _clone_body(),
             "clone: EPERM when flags ask for a new namespace (" + "|".join(_CLONE_NS_FLAGS) + ")",
         ),
         "ioctl": (
-            _arg_equals(1, (_TIOCSTI, _TIOCLINUX), on_match=_DENY, otherwise=_ALLOW),
+            _arg_in(1, (_TIOCSTI, _TIOCLINUX), on_match=_DENY, otherwise=_ALLOW),
             "ioctl: EPERM for TIOCSTI and TIOCLINUX (terminal input injection)",
         ),
         "socket": (
             _socket_body(),
-            "socket: EPERM for AF_PACKET and AF_INET/SOCK_PACKET (raw packet sockets)",
+            "socket: only " + ", ".join(SOCKET_FAMILIES) + " (EPERM for every other family, "
+            "e.g. netlink, packet, vsock, alg), and not AF_INET/SOCK_PACKET",
+        ),
+        "socketpair": (
+            _arg_in(0, (SOCKET_FAMILIES["AF_UNIX"],), on_match=_ALLOW, otherwise=_DENY),
+            "socketpair: AF_UNIX only",
         ),
         "personality": (
-            _arg_equals(0, _PERSONAS_ALLOWED, on_match=_ALLOW, otherwise=_DENY),
+            _arg_in(0, _PERSONAS_ALLOWED, on_match=_ALLOW, otherwise=_DENY),
             "personality: EPERM except PER_LINUX, PER_LINUX32, UNAME26 and the query",
         ),
     }
 )
+# clone3's flags are in memory BPF cannot read; ENOSYS makes glibc fall back to clone.
+_ENOSYS_NAMES = frozenset({"clone3"})
 _CLONE3_LINE = "clone3: ENOSYS (its flags are in memory BPF cannot read; glibc falls back to clone)"
 
 
@@ -367,36 +444,77 @@ def _normalize_names(extra_deny: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _plain_denied(extra: tuple[str, ...], arch: str) -> list[str]:
-    """Syscalls denied outright on `arch` (names the arch lacks cannot be called there).
+# A verdict: a single ret instruction, or an argument rule's body (a tuple of instructions).
+_Verdict = _Insn | tuple[_Insn, ...]
 
-    clone3 keeps its ENOSYS rule even when listed: EPERM would stop glibc's fallback to clone
-    and so break thread creation.
-    """
-    table = SYSCALLS[arch]
-    names = {n for n in (*DEFAULT_DENY, *extra) if n in table and n != "clone3"}
-    return sorted(names, key=table.__getitem__)
+
+def verdicts(extra_deny: Iterable[str] = (), arch: str | None = None) -> dict[str, str]:
+    """name -> "allow" | "rule" | "EPERM" | "ENOSYS" for every syscall in `arch`'s table."""
+    plain = {_ALLOW: "allow", _DENY: "EPERM", _NOSYS: "ENOSYS"}
+    table = _table_verdicts(_normalize_names(extra_deny), _resolve_arch(arch))
+    return {sc: plain.get(v, "rule") for sc, (v, _nr) in table.items()}  # type: ignore[call-overload]
+
+
+def _table_verdicts(extra: tuple[str, ...], arch: str) -> dict[str, tuple[_Verdict, int]]:
+    """The verdict of each syscall `arch`'s table knows. clone3 keeps ENOSYS even when listed
+    in extra_deny: EPERM would stop glibc's fallback to clone and so break thread creation."""
+    allowed = set(ALLOWED) - set(extra)
+    out: dict[str, tuple[_Verdict, int]] = {}
+    for name, nr in SYSCALLS[arch].items():
+        if name in _ENOSYS_NAMES:
+            verdict: _Verdict = _NOSYS
+        elif name in ARG_RULES and name not in extra:
+            verdict = ARG_RULES[name][0]
+        elif name in allowed:
+            verdict = _ALLOW
+        else:
+            verdict = _DENY
+        out[name] = (verdict, nr)
+    return out
+
+
+def _ranges(by_nr: dict[int, _Verdict]) -> list[tuple[int, _Verdict]]:
+    """Cut [0, 2**32) into (first number, verdict) ranges; unknown numbers get ENOSYS."""
+    out: list[tuple[int, _Verdict]] = []
+    nr = 0
+    for n in sorted(by_nr):
+        if n > nr:
+            out.append((nr, _NOSYS))
+        out.append((n, by_nr[n]))
+        nr = n + 1
+    out.append((nr, _NOSYS))
+    merged: list[tuple[int, _Verdict]] = []
+    for start, v in out:
+        # Argument rules stay one leaf per syscall; equal plain verdicts merge.
+        if merged and merged[-1][1] == v and v in (_ALLOW, _DENY, _NOSYS):
+            continue
+        merged.append((start, v))
+    return merged
+
+
+def _tree(ranges: list[tuple[int, _Verdict]]) -> list[_Insn]:
+    """Binary search over `ranges` with the syscall number in the accumulator."""
+    if len(ranges) == 1:
+        v = ranges[0][1]
+        return [v] if v in (_ALLOW, _DENY, _NOSYS) else list(v)  # type: ignore[list-item]
+    mid = len(ranges) // 2
+    left, right = _tree(ranges[:mid]), _tree(ranges[mid:])
+    split = ranges[mid][0]
+    if len(left) <= 255:
+        return [_jump(_BPF_JGE_K, split, len(left), 0), *left, *right]
+    return [_jump(_BPF_JGE_K, split, 0, 1), _stmt(_BPF_JA, len(left)), *left, *right]
 
 
 @functools.lru_cache(maxsize=32)
 def _build(extra: tuple[str, ...], arch: str) -> bytes:
-    table = SYSCALLS[arch]
-    spec = _ARCHES[arch]
+    by_nr = {nr: v for v, nr in _table_verdicts(extra, arch).values()}
     prog: list[_Insn] = [
         _stmt(_BPF_LD_W_ABS, _OFF_ARCH),
-        _jump(_BPF_JEQ_K, spec.audit_arch, 1, 0),
+        _jump(_BPF_JEQ_K, _ARCHES[arch], 1, 0),
         _ret(_RET_KILL_PROCESS),
         _stmt(_BPF_LD_W_ABS, _OFF_NR),
+        *_tree(_ranges(by_nr)),
     ]
-    if spec.x32_bit:
-        prog += [_jump(_BPF_JGE_K, _X32_SYSCALL_BIT, 0, 1), _DENY]
-    plain = _plain_denied(extra, arch)
-    for name in plain:
-        prog += [_jump(_BPF_JEQ_K, table[name], 0, 1), _DENY]
-    for name, (body, _line) in _ARG_RULES.items():
-        if name in table and name not in plain:  # a plain deny already returned for it
-            prog += [_jump(_BPF_JEQ_K, table[name], 0, len(body)), *body]
-    prog += [_jump(_BPF_JEQ_K, table["clone3"], 0, 1), _ret(_RET_ERRNO | _ENOSYS), _ALLOW]
     _check(prog)
     return b"".join(struct.pack("<HBBI", *insn) for insn in prog)
 
@@ -405,9 +523,16 @@ def _check(prog: list[_Insn]) -> None:
     """Refuse to emit a program the kernel would reject, so mistakes fail at build time."""
     if not 0 < len(prog) <= _BPF_MAXINSNS:
         raise ValueError(f"seccomp program has {len(prog)} instructions (max {_BPF_MAXINSNS})")
-    for pc, (code, jt, jf, _k) in enumerate(prog):
-        # BPF_JMP class: both targets must land inside the program
-        if code & 0x07 == 0x05 and (max(jt, jf) > 255 or pc + 1 + max(jt, jf) >= len(prog)):
+    for pc, (code, jt, jf, k) in enumerate(prog):
+        if code == _BPF_JA:
+            reach = k
+        elif code & 0x07 == 0x05:  # conditional jumps of the BPF_JMP class
+            reach = max(jt, jf)
+            if reach > 255:
+                raise ValueError(f"seccomp program jump too long at instruction {pc}")
+        else:
+            continue
+        if pc + 1 + reach >= len(prog):
             raise ValueError(f"seccomp program jump out of range at instruction {pc}")
     if prog[-1][0] != _BPF_RET_K:
         raise ValueError("seccomp program must end in a return")
@@ -416,9 +541,9 @@ def _check(prog: list[_Insn]) -> None:
 def build_filter(extra_deny: Iterable[str] = (), arch: str | None = None) -> bytes:
     """Return the filter as raw `struct sock_filter[]` bytes for `arch` (default: this host).
 
-    Denies DEFAULT_DENY plus `extra_deny` with EPERM, applies the argument rules (clone, ioctl,
-    socket, personality) and returns ENOSYS for clone3. Cached: sandboxes build the filter once
-    and their init process loads it before every exec.
+    Allows ALLOWED and the argument rules (ARG_RULES) minus `extra_deny`; every other syscall
+    of the arch's table fails with EPERM, clone3 and numbers the table lacks with ENOSYS.
+    Cached: a runtime builds the filter once and each sandbox's zygote loads it once.
 
     Raises ValueError for a name unknown on every supported arch (a name only another arch has
     is skipped), and HostUnsupported for an arch without a syscall table here.
@@ -434,16 +559,19 @@ def filter_length(prog: bytes) -> int:
 
 
 def describe(extra_deny: Iterable[str] = (), arch: str | None = None) -> list[str]:
-    """What `build_filter(extra_deny, arch)` denies, one line per rule, for a doctor report."""
+    """What `build_filter(extra_deny, arch)` does, one line per rule, for a doctor report."""
     name = _resolve_arch(arch)
     extra = _normalize_names(extra_deny)
     table = SYSCALLS[name]
-    spec = _ARCHES[name]
-    lines = [f"syscalls of other ABIs than {name} (audit arch {spec.audit_arch:#x}): kill process"]
-    if spec.x32_bit:
-        lines.append(f"x32 ABI syscalls (nr >= {_X32_SYSCALL_BIT:#x}): EPERM")
-    plain = _plain_denied(extra, name)
-    lines += [f"{n}: EPERM" for n in sorted(plain)]
-    lines += [line for n, (_b, line) in _ARG_RULES.items() if n in table and n not in plain]
+    v = verdicts(extra, name)
+    allowed = sorted(n for n, x in v.items() if x == "allow")
+    lines = [
+        f"syscalls of other ABIs than {name} (audit arch {_ARCHES[name]:#x}): kill process",
+        f"{len(allowed)} of the {len(table)} {name} syscalls allowed; the others: EPERM",
+        f"syscall numbers the {name} table does not know (newer kernels): ENOSYS",
+    ]
+    lines += [line for n, (_b, line) in ARG_RULES.items() if v.get(n) == "rule"]
     lines.append(_CLONE3_LINE)
+    denied = sorted(n for n in (*NOTABLY_DENIED, *extra) if v.get(n) == "EPERM")
+    lines += [f"{n}: EPERM" for n in dict.fromkeys(denied)]
     return lines

@@ -19,10 +19,10 @@
  * the namespaces and mounts with it: nothing leaks but the cgroup directories,
  * which the host removes (or `tryloop sandbox gc` after a host crash).
  *
- * Each command runs in a fresh child: new session, chroot to the overlay,
- * rlimits, oom_score_adj 0, all capabilities dropped (bounding set too),
- * setuid to the unprivileged uid, no_new_privs, the precompiled seccomp filter,
- * then execve. Resetting kills every process (kill(-1) from pid 1), detaches
+ * Each command is cloned from the zygote, which chrooted to the overlay, kept
+ * only CAP_SETUID/CAP_SETGID (bounding set empty), set no_new_privs and loaded
+ * the precompiled seccomp filter: new session, rlimits, oom_score_adj 0, setuid
+ * to the unprivileged uid (which clears the last capabilities), then execve. Resetting kills every process (kill(-1) from pid 1), detaches
  * the overlay and its tmpfs, enters a fresh IPC namespace and mounts again:
  * the cost does not depend on the size of the workspace.
  */
@@ -68,7 +68,7 @@ enum {
 enum {
     S_NONE = 0, S_CONFIG, S_CGROUP, S_UNSHARE, S_FORK, S_MOUNT, S_PIVOT,
     S_NET, S_SECCOMP_LOAD, S_CHROOT, S_RLIMIT, S_CAPS, S_SETUID, S_CWD,
-    S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET,
+    S_NNP, S_SECCOMP, S_EXEC, S_FDS, S_TOOMANY, S_RESET, S_USERNS,
 };
 enum { F_STDIN = 1, F_STDOUT = 2, F_STDERR = 4, F_MERGE = 8, F_QUIET = 16 /* no start report */ };
 enum { X_TIMEDOUT = 1, X_RESET = 2, X_EXPIRED = 4 };
@@ -102,6 +102,8 @@ static struct {
     char *hostname;
     char *seccomp_path;
     int net;                    /* 1: share host network */
+    uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
+    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* idmapped mounts made by the launcher */
     uint64_t quota, shm;
     uint64_t lifetime_ms;
 } cfg;
@@ -109,6 +111,7 @@ static struct {
 static struct sock_fprog seccomp_prog;
 static int ctl = -1;
 static int cap_last = 63;
+static unsigned long nr_open; /* fs.nr_open: the ceiling of RLIMIT_NOFILE */
 static int zygote_null = -1; /* the zygote's /dev/null, opened before any command ran */
 
 struct run {
@@ -169,6 +172,7 @@ static void parse_config(char *buf, size_t len) {
         else if (!strcmp(k, "hostname")) cfg.hostname = v;
         else if (!strcmp(k, "seccomp")) cfg.seccomp_path = v;
         else if (!strcmp(k, "net")) cfg.net = atoi(v);
+        else if (!strcmp(k, "idbase")) cfg.idbase = strtoull(v, NULL, 10);
         else if (!strcmp(k, "quota")) cfg.quota = strtoull(v, NULL, 10);
         else if (!strcmp(k, "shm")) cfg.shm = strtoull(v, NULL, 10);
         else if (!strcmp(k, "lifetime_ms")) cfg.lifetime_ms = strtoull(v, NULL, 10);
@@ -194,7 +198,101 @@ static void load_seccomp(void) {
     seccomp_prog.filter = f;
 }
 
-/* Mount what the agent sees at /root: overlay + read-only host binds + proc + dev. */
+/* mount_setattr(2) (Linux 5.12): flags for a whole mount tree at once. A plain
+ * MS_REMOUNT|MS_RDONLY of a recursive bind changes only its top mount, and every
+ * submount of a host directory would keep the host's (writable) flags. */
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+struct tl_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+#define TL_ATTR_RDONLY 0x1
+#define TL_ATTR_NOSUID 0x2
+#define TL_ATTR_NODEV 0x4
+#define TL_ATTR_NOEXEC 0x8
+
+static int set_attr_recursive(const char *path, uint64_t attrs) {
+    struct tl_mount_attr a = {attrs, 0, 0, 0};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE, &a, sizeof a);
+}
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#define TL_OPEN_TREE_CLONE 1
+#define TL_MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define TL_ATTR_IDMAP 0x100000
+
+/* A detached copy of `path` (and its submounts if `recursive`) whose ids are shown
+ * through the user namespace `userns`: on-disk id N reads as id N inside it. Only a
+ * process of the host's user namespace may make one; the sandbox then moves it in. */
+static int idmapped_tree(const char *path, int userns, int recursive, uint64_t attrs) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                          TL_OPEN_TREE_CLONE | O_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+    if (fd < 0) return -1;
+    struct tl_mount_attr a = {attrs | TL_ATTR_IDMAP, 0, 0, (uint64_t)userns};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &a, sizeof a) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static int move_mount_fd(int fd, const char *target) {
+    int r = (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, target, TL_MOVE_MOUNT_F_EMPTY_PATH);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return r;
+}
+
+/* /proc entries that describe the host rather than the sandbox, as the common container
+ * runtimes treat them: masked files read as /dev/null, masked directories as an empty
+ * read-only directory, and the writable host-global knobs are made read-only. Entries
+ * this kernel lacks are skipped. */
+static const char *const masked_proc[] = {
+    "acpi", "asound", "interrupts", "kcore", "keys", "key-users", "kmsg", "latency_stats",
+    "timer_list", "timer_stats", "sched_debug", "scsi",
+};
+static const char *const readonly_proc[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
+/* Device nodes of the host bound into /dev: a user namespace may not mknod them. */
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+static int mount_proc(void) {
+    char path[256];
+    if (mount("/proc", "/root/proc", NULL, MS_BIND, NULL) < 0) return -1;
+    for (size_t i = 0; i < sizeof masked_proc / sizeof masked_proc[0]; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "/root/proc/%s", masked_proc[i]);
+        if (lstat(path, &st) < 0) {
+            if (errno == ENOENT) continue;
+            return -1;
+        }
+        if (mount(S_ISDIR(st.st_mode) ? "/empty" : "/root/dev/null", path, NULL, MS_BIND, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NOEXEC) < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < sizeof readonly_proc / sizeof readonly_proc[0]; i++) {
+        snprintf(path, sizeof path, "/root/proc/%s", readonly_proc[i]);
+        if (access(path, F_OK) < 0) {
+            if (errno == ENOENT) continue;
+            return -1;
+        }
+        if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Mount what the agent sees at /root: overlay + read-only host binds + dev + proc. */
 static int mount_rootfs(void) {
     char opts[16384], path[4096];
     int n;
@@ -205,30 +303,28 @@ static int mount_rootfs(void) {
     for (int i = 0; i < cfg.nlower; i++)
         n += snprintf(opts + n, sizeof opts - n, "%s/layers/%d", i ? ":" : "", i);
     n += snprintf(opts + n, sizeof opts - n, ",upperdir=/rw/upper,workdir=/rw/work");
+    /* In a user namespace overlayfs may not set trusted.* xattrs: opaque directories
+     * are marked with user.overlay.opaque (the layer store writes both). */
+    if (cfg.idbase) n += snprintf(opts + n, sizeof opts - n, ",userxattr");
     if (n >= (int)sizeof opts) { errno = E2BIG; return -1; }
     if (mount("tlroot", "/root", "overlay", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
     for (int i = 0; i < cfg.nbind; i++) {
         char src[64];
         snprintf(src, sizeof src, "/binds/%d", i);
         snprintf(path, sizeof path, "/root%s", cfg.bdst[i]);
-        if (mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
-        if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+        if (mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV) < 0)
             return -1;
     }
-    if (mount("proc", "/root/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return -1;
-    /* Many /proc/sys entries are host-global (no user namespace here): read-only. */
-    if (mount("/root/proc/sys", "/root/proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
-        mount(NULL, "/root/proc/sys", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              NULL) < 0)
-        return -1;
     if (mount("tldev", "/root/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0) return -1;
-    static const struct { const char *name; int maj, min; } devs[] = {
-        {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
-    };
-    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
-        snprintf(path, sizeof path, "/root/dev/%s", devs[i].name);
-        if (mknod(path, S_IFCHR | 0666, makedev(devs[i].maj, devs[i].min)) < 0) return -1;
-        chmod(path, 0666); /* umask */
+    for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+        char src[64];
+        snprintf(src, sizeof src, "/devs/%s", dev_nodes[i]);
+        snprintf(path, sizeof path, "/root/dev/%s", dev_nodes[i]);
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+        if (fd < 0) return -1;
+        close(fd);
+        if (mount(src, path, NULL, MS_BIND, NULL) < 0) return -1;
     }
     symlink("/proc/self/fd", "/root/dev/fd");
     symlink("/proc/self/fd/0", "/root/dev/stdin");
@@ -240,27 +336,52 @@ static int mount_rootfs(void) {
         return -1;
     snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)cfg.shm);
     if (mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
-    return 0;
+    return mount_proc();
 }
 
 static void setup_root(void) {
     char path[4096];
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fatal(S_MOUNT);
     if (mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0) fatal(S_MOUNT);
-    static const char *dirs[] = {"rw", "root", "old", "layers", "binds"};
-    for (size_t i = 0; i < 5; i++) {
+    static const char *dirs[] = {"rw", "root", "old", "layers", "binds", "devs", "proc", "empty"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", cfg.mnt, dirs[i]);
-        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (mkdir(path, !strcmp(dirs[i], "empty") ? 0555 : 0700) < 0) fatal(S_MOUNT);
+    }
+    /* The empty directory that masks /proc directories: a read-only mount of its own. */
+    snprintf(path, sizeof path, "%s/empty", cfg.mnt);
+    if (mount(path, path, NULL, MS_BIND, NULL) < 0 ||
+        set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
+        fatal(S_MOUNT);
+    /* This pid namespace's proc, mounted while the host's /proc is still visible (a user
+     * namespace may mount proc only then); every /root/proc is a bind of it. */
+    snprintf(path, sizeof path, "%s/proc", cfg.mnt);
+    if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fatal(S_MOUNT);
+    for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+        char src[64];
+        snprintf(src, sizeof src, "/dev/%s", dev_nodes[i]);
+        snprintf(path, sizeof path, "%s/devs/%s", cfg.mnt, dev_nodes[i]);
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+        if (fd < 0) fatal(S_MOUNT);
+        close(fd);
+        if (mount(src, path, NULL, MS_BIND, NULL) < 0 || set_attr_recursive(path, TL_ATTR_NOSUID | TL_ATTR_NOEXEC) < 0)
+            fatal(S_MOUNT);
     }
     /* Lower layers and bind sources are bound into the staging root so that a
-     * reset, after pivot_root, can mount them again without the host's tree. */
+     * reset, after pivot_root, can mount them again without the host's tree. With a
+     * user namespace they are the launcher's idmapped mounts, moved in. */
     for (int i = 0; i < cfg.nlower; i++) {
         snprintf(path, sizeof path, "%s/layers/%d", cfg.mnt, i);
-        if (mkdir(path, 0700) < 0 || mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0) fatal(S_MOUNT);
+        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (cfg.idbase ? move_mount_fd(cfg.lower_fd[i], path) < 0
+                       : mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0)
+            fatal(S_MOUNT);
     }
     for (int i = 0; i < cfg.nbind; i++) {
         snprintf(path, sizeof path, "%s/binds/%d", cfg.mnt, i);
-        if (mkdir(path, 0700) < 0 || mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
+        if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
+        if (cfg.idbase ? move_mount_fd(cfg.bind_fd[i], path) < 0
+                       : mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
             fatal(S_MOUNT);
     }
     snprintf(path, sizeof path, "%s/old", cfg.mnt);
@@ -403,9 +524,9 @@ static struct run *find_run_id(uint32_t id) {
  * into a zygote process that has already chrooted into the agent's root and set
  * no_new_privs; every command is cloned from it and inherits the filter. The
  * zygote clones with CLONE_PARENT, so commands are children of init, which reaps
- * them and reports status and rusage. The zygote keeps root's uid to switch to
- * the agent's per command; it is unreachable to the agent (other uid, seccomp
- * denies ptrace) and is replaced at every reset. */
+ * them and reports status and rusage. The zygote keeps root's uid and only the
+ * two capabilities that switch to the agent's ids per command; it is unreachable
+ * to the agent (other uid, seccomp denies ptrace) and is replaced at every reset. */
 
 struct zrsp {
     uint32_t id;
@@ -485,6 +606,31 @@ static int child_entry(void *arg) {
     run_child(a->x, a->wr);
 }
 
+/* What the zygote keeps: CAP_SETUID and CAP_SETGID, to switch each command to the
+ * agent's ids; nothing else (no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_DAC_OVERRIDE, ...).
+ * The bounding and ambient sets are emptied, and the securebits are locked so that
+ * neither uid 0 nor a setuid binary can bring a capability back at exec, and a uid
+ * switch always clears the rest. The hard RLIMIT_NOFILE is raised to the kernel's
+ * ceiling first (where the host allows): lowering it per command needs no privilege,
+ * raising it would. */
+#define TL_SECBITS 0x2b /* NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED */
+#define TL_SECBIT_NO_CAP_AMBIENT_RAISE 0xc0 /* and _LOCKED */
+static int drop_zygote_privileges(void) {
+    struct rlimit rl;
+    if (nr_open && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < nr_open) {
+        rl.rlim_max = nr_open;
+        (void)setrlimit(RLIMIT_NOFILE, &rl); /* a host without CAP_SYS_RESOURCE keeps its limit */
+    }
+    for (int c = 0; c <= cap_last; c++)
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) return -1;
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) return -1;
+    if (prctl(PR_SET_SECUREBITS, TL_SECBITS | TL_SECBIT_NO_CAP_AMBIENT_RAISE, 0, 0, 0) < 0) return -1;
+    struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct cd[2] = {{0}};
+    cd[0].effective = cd[0].permitted = (1u << CAP_SETUID) | (1u << CAP_SETGID);
+    return (int)syscall(SYS_capset, &ch, cd);
+}
+
 static _Noreturn void zygote_main(int s) {
     static char buf[MSGMAX];
     if (s != 3) {
@@ -498,12 +644,11 @@ static _Noreturn void zygote_main(int s) {
     uint32_t stage = 0;
     if (chroot("/root") < 0 || chdir("/") < 0) stage = S_CHROOT;
     if (!stage && (zygote_null = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) stage = S_FDS;
-    for (int c = 0; !stage && c <= cap_last; c++)
-        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) stage = S_CAPS;
-    if (!stage && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) stage = S_CAPS;
+    if (!stage && drop_zygote_privileges() < 0) stage = S_CAPS;
     if (stage) {
     } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
     else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0) stage = S_SECCOMP;
+    int stage_err = stage ? errno : 0; /* reported with every request: the zygote cannot work */
     for (;;) {
         int fds[3], nfds;
         int len = recv_with_fds(s, buf, sizeof buf, fds, &nfds);
@@ -515,7 +660,7 @@ static _Noreturn void zygote_main(int s) {
         char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
         int ep[2];
         if (stage) {
-            z.err = EPERM;
+            z.err = stage_err;
             z.stage = stage;
         } else if (parse_exec(buf, len, fds, nfds, &x, argv, envp) < 0) {
             z.err = EINVAL;
@@ -827,6 +972,63 @@ static void serve(void) {
     _exit(0);
 }
 
+/* The init in a user namespace of its own: its ids 0..65535 are the host's
+ * idbase..idbase+65535, ids no host user has and no other sandbox shares. The
+ * namespaces are created together by one clone, so the user namespace owns the
+ * others. The launcher, still in the host's user namespace, writes the id maps and
+ * makes the idmapped mounts of the layers and host binds (which only it may do);
+ * the child shares its descriptor table (CLONE_FILES) and waits on a pipe for the
+ * descriptor numbers, then becomes root of its namespace. */
+static pid_t launch_in_user_namespace(int flags) {
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) < 0) fatal(S_USERNS);
+    pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWUSER | CLONE_FILES | flags | SIGCHLD, 0, 0, 0, 0);
+    if (pid < 0) fatal(S_USERNS);
+    int n = cfg.nlower + cfg.nbind;
+    int fds[MAXLAYERS + MAXBINDS];
+    if (pid == 0) {
+        ssize_t got;
+        do got = read(sync[0], fds, sizeof(int) * n);
+        while (got < 0 && errno == EINTR);
+        if (got != (ssize_t)(sizeof(int) * n)) _exit(113); /* the launcher failed and said so */
+        close(sync[0]);
+        close(sync[1]);
+        for (int i = 0; i < cfg.nlower; i++) cfg.lower_fd[i] = fds[i];
+        for (int i = 0; i < cfg.nbind; i++) cfg.bind_fd[i] = fds[cfg.nlower + i];
+        if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) fatal(S_USERNS);
+        return 0;
+    }
+    char path[64], map[64];
+    snprintf(map, sizeof map, "0 %llu 65536", (unsigned long long)cfg.idbase);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+    int ok = write_file(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
+    ok = ok && write_file(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+    int userns = ok ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    ok = userns >= 0;
+    for (int i = 0; ok && i < cfg.nlower; i++)
+        ok = (fds[i] = idmapped_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+    for (int i = 0; ok && i < cfg.nbind; i++)
+        ok = (fds[cfg.nlower + i] = idmapped_tree(cfg.bsrc[i], userns, 1,
+                                                  TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+    if (!ok) {
+        int e = errno;
+        kill(pid, SIGKILL);
+        errno = e;
+        fatal(S_USERNS);
+    }
+    /* Protect the init from the OOM killer as the host sees it (best effort: needs
+     * CAP_SYS_RESOURCE, which the sandbox's own root does not have). */
+    snprintf(path, sizeof path, "/proc/%d/oom_score_adj", pid);
+    write_file(path, "-1000");
+    if (write(sync[1], fds, sizeof(int) * n) != (ssize_t)(sizeof(int) * n)) {
+        kill(pid, SIGKILL);
+        fatal(S_USERNS);
+    }
+    return pid;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: tlinit CTL_FD (started by tryloop, not by hand)\n");
@@ -840,6 +1042,11 @@ int main(int argc, char **argv) {
     cbuf[len] = 0;
     parse_config(cbuf, len);
     load_seccomp();
+    FILE *no = fopen("/proc/sys/fs/nr_open", "re");
+    if (no) {
+        if (fscanf(no, "%lu", &nr_open) != 1) nr_open = 0;
+        fclose(no);
+    }
     FILE *cl = fopen("/proc/sys/kernel/cap_last_cap", "re");
     if (cl) {
         if (fscanf(cl, "%d", &cap_last) != 1) cap_last = 63;
@@ -849,11 +1056,16 @@ int main(int argc, char **argv) {
         if (write_file(cfg.cg[i], "0") < 0) fatal(S_CGROUP);
     int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
     if (!cfg.net) flags |= CLONE_NEWNET;
-    if (unshare(flags) < 0) fatal(S_UNSHARE);
     /* CLONE_PARENT: the init becomes a child of the host process (not of this
      * launcher, which exits now), so the host reaps it through its pidfd. */
-    pid_t pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
-    if (pid < 0) fatal(S_FORK);
+    pid_t pid;
+    if (cfg.idbase) {
+        pid = launch_in_user_namespace(flags);
+    } else {
+        if (unshare(flags) < 0) fatal(S_UNSHARE);
+        pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+        if (pid < 0) fatal(S_FORK);
+    }
     if (pid > 0) {
         struct rsp r = {0};
         r.op = R_PID;
