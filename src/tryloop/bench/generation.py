@@ -96,11 +96,13 @@ def instruction(entry: str, prompt: str) -> str:
 
 
 def training_prompts(tokenizer: Any, n: int) -> list[list[int]]:
-    """`n` first-turn prompts as the training run builds them (cycling over FUNCTIONS)."""
+    """`n` first-turn prompts of function tasks with the tool-using system prompt (cycling over
+    FUNCTIONS): the prompt of a multi-turn episode, longer than a one-turn episode's."""
     from tryloop.agent.chat import ChatTokenizer
     from tryloop.agent.episode import system_prompt
 
-    system = system_prompt(SimpleNamespace(meta=SimpleNamespace(answer_file="solution.py")))  # type: ignore[arg-type]
+    system = system_prompt(SimpleNamespace(meta=SimpleNamespace(answer_file="solution.py",
+                                                                  environment="software")))  # type: ignore[arg-type]
     chat = ChatTokenizer(tokenizer)
     return [chat.start([{"role": "system", "content": system},
                         {"role": "user", "content": instruction(*FUNCTIONS[i % len(FUNCTIONS)])}])
