@@ -32,7 +32,7 @@ from typing import Any
 from tryloop.agent.chat import parse_tool_calls
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.policy import Action, TokenLog
-from tryloop.agent.tools import TOOL_NAMES
+from tryloop.agent.profiles import profile_for
 from tryloop.agent.trajectory import Observation
 from tryloop.config import TryloopConfig, load_yaml
 from tryloop.errors import TryloopError
@@ -50,17 +50,19 @@ class _Reply:
         self.text = text
 
     def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> _ReplySession:
-        return _ReplySession(system, instruction, self.text)
+        # The task's own tool set, as the model policies parse it (agent.profiles).
+        return _ReplySession(system, instruction, self.text, list(profile_for(task).tools))
 
 
 class _ReplySession:
-    def __init__(self, system: str, instruction: str, text: str):
+    def __init__(self, system: str, instruction: str, text: str, tool_names: list[str]):
         self.tokens = TokenLog(source="unavailable")
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
         self.text = text
+        self.tool_names = tool_names
 
     async def act(self, observations: list[Observation] | None) -> Action:
-        parsed = parse_tool_calls(self.text, shell_tool="shell", known_tools=TOOL_NAMES)
+        parsed = parse_tool_calls(self.text, shell_tool="shell", known_tools=self.tool_names)
         self.messages.append({"role": "assistant", "content": self.text})
         return Action(self.text, parsed.calls)
 
@@ -77,11 +79,9 @@ class _Judge:
         self.store = TaskStore(cfg.tasks.store_url)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="tryloop-verl-judge", daemon=True).start()
-        self.envs = self.call(self._envs(SandboxRuntime, Environments))
+        # Built on the judge's loop: the runtime and pools belong to the loop they were made in.
+        self.envs = self.call(_on_loop(lambda: Environments(SandboxRuntime(cfg.runtime))))
         self.ids = itertools.count()
-
-    async def _envs(self, runtime_cls, envs_cls):
-        return envs_cls(runtime_cls(self.cfg.runtime))
 
     def call(self, coro) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -107,6 +107,10 @@ class _Judge:
             await self.envs.runtime.close_all()
         self.call(_close())
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+async def _on_loop(make: Any) -> Any:
+    return make()
 
 
 _judge: _Judge | None = None
