@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -49,6 +50,10 @@ class Image:
     uid: int = 1000
     gid: int = 1000
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    #: Default working directory of commands (an OCI config's WorkingDir), None: the config's.
+    workdir: str | None = None
+    #: The user the image names (an OCI config's User, a Dockerfile's USER); "" for none.
+    user: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
@@ -59,7 +64,22 @@ class Image:
         return cls(
             id=d["id"], layers=tuple(d["layers"]), binds=tuple(tuple(b) for b in d["binds"]),
             env=tuple(tuple(e) for e in d["env"]), uid=d["uid"], gid=d["gid"], meta=d.get("meta", {}),
+            workdir=d.get("workdir"), user=d.get("user", ""),
         )
+
+    def sandbox_config(self, config):
+        """`config` with this image's working directory and user where it leaves them unset.
+
+        An image whose user is root (uid 0) keeps the config's unprivileged uid: sandbox
+        commands never run as uid 0 outside a user namespace.
+        """
+        update: dict = {}
+        given = config.model_fields_set
+        if self.workdir and "workdir" not in given:
+            update["workdir"] = self.workdir
+        if self.user and self.uid > 0 and "uid" not in given and "gid" not in given:
+            update.update(uid=self.uid, gid=self.gid)
+        return config.model_copy(update=update) if update else config
 
 
 def image_id(layers: Iterable[str], binds: Iterable[tuple[str, str]], env: Iterable[tuple[str, str]],
@@ -67,6 +87,103 @@ def image_id(layers: Iterable[str], binds: Iterable[tuple[str, str]], env: Itera
     doc = json.dumps({"layers": list(layers), "binds": [list(b) for b in binds],
                       "env": [list(e) for e in env], "host": fingerprint}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def make_image(store: LayerStore, layers: Iterable[str], env: Iterable[tuple[str, str]], *,
+               workdir: str = "/", user: str = "", meta: dict | None = None) -> Image:
+    """Save an image of store layers (top-most first) with an OCI-style config.
+
+    Its id is the digest of the layers and the config (env, workdir, user and the ids
+    the user resolves to in the image's /etc/passwd), so equal content gives an equal id.
+    """
+    layers = tuple(layers)
+    env = tuple((str(k), str(v)) for k, v in env)
+    uid, gid = resolve_user(store, layers, user)
+    config = json.dumps({"workdir": workdir, "user": user, "uid": uid, "gid": gid}, sort_keys=True)
+    iid = image_id(layers, (), env, config)
+    image = Image(id=iid, layers=layers, env=env, uid=uid, gid=gid, meta=dict(meta or {}),
+                  workdir=workdir, user=user)
+    save_image(store, image)
+    return image
+
+
+def find_in_layers(store: LayerStore, layers: Iterable[str], rel: str) -> Path | None:
+    """The path of `rel` as the overlay of `layers` (top-most first) shows it, or None.
+
+    Whiteouts and opaque directories are honoured; a symlink on the way is not followed
+    (the entry counts as absent).
+    """
+    parts = [p for p in rel.strip("/").split("/") if p]
+    for digest in layers:
+        cur = store.path(digest)
+        for i, comp in enumerate(parts):
+            nxt = cur / comp
+            try:
+                st = os.lstat(nxt)
+            except FileNotFoundError:
+                if i > 0 and _opaque(cur):
+                    return None
+                break
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                return None  # a whiteout: deleted in this layer
+            if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+                return None
+            cur = nxt
+        else:
+            return cur
+    return None
+
+
+def _opaque(d: Path) -> bool:
+    try:
+        return os.getxattr(d, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _db(store: LayerStore, layers: tuple[str, ...], rel: str) -> list[list[str]]:
+    p = find_in_layers(store, layers, rel)
+    if p is None or p.is_symlink() or not p.is_file():
+        return []
+    return [line.split(":") for line in p.read_text(errors="replace").splitlines() if line and line[0] != "#"]
+
+
+def resolve_user(store: LayerStore, layers: tuple[str, ...], user: str) -> tuple[int, int]:
+    """uid and gid of a USER value (name or number, optionally :group) in the image's
+    /etc/passwd and /etc/group; ("", root) is (0, 0)."""
+    from tryloop.sandbox.oci import ImageError
+
+    name, _, group = (user or "root").partition(":")
+    uid = gid = None
+    if name.isdigit():
+        uid = int(name)
+        for row in _db(store, layers, "etc/passwd"):
+            if len(row) > 3 and row[2] == name and row[3].isdigit():
+                gid = int(row[3])
+                break
+    else:
+        for row in _db(store, layers, "etc/passwd"):
+            if len(row) > 3 and row[0] == name and row[2].isdigit() and row[3].isdigit():
+                uid, gid = int(row[2]), int(row[3])
+                break
+        if uid is None:
+            if name == "root":
+                uid, gid = 0, 0
+            else:
+                raise ImageError(f"user {name!r} is not in the image's /etc/passwd")
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            gid = next((int(r[2]) for r in _db(store, layers, "etc/group")
+                        if len(r) > 2 and r[0] == group and r[2].isdigit()), None)
+            if gid is None:
+                raise ImageError(f"group {group!r} is not in the image's /etc/group")
+    if gid is None:
+        gid = uid
+    if not (0 <= uid < 65536 and 0 <= gid < 65536):
+        raise ImageError(f"user {user!r}: ids above 65535 are not supported")
+    return uid, gid
 
 
 def save_image(store: LayerStore, image: Image) -> None:

@@ -168,6 +168,7 @@ class SandboxRuntime:
         cfg = config or SandboxConfig()
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
+        cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
         lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
         sid = secrets.token_hex(6)
         lim = cfg.limits
