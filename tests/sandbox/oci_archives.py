@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -30,14 +31,21 @@ def _shared_libs(binary: str) -> list[str]:
     return libs
 
 
-def base_entries(passwd: str = "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/home/app:/bin/sh\n"
-                 ) -> list[Entry]:
-    """A minimal root: /bin/sh (dash), its libraries, /etc/passwd and /etc/group."""
+def base_entries(passwd: str = "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/home/app:/bin/sh\n",
+                 tools: tuple[str, ...] = ()) -> list[Entry]:
+    """A minimal root: /bin/sh (dash), the host's `tools` (cat, mkdir, ...), the libraries
+    they link against, /etc/passwd and /etc/group."""
     sh = os.path.realpath("/bin/sh") if os.path.basename(os.path.realpath("/bin/sh")) == "dash" else "/usr/bin/dash"
     entries: list[Entry] = [("bin", "d", None, 0o755), ("etc", "d", None, 0o755), ("tmp", "d", None, 0o1777)]
     entries.append(("bin/sh", "f", Path(sh).read_bytes(), 0o755))
+    binaries = [sh]
+    for tool in tools:
+        path = shutil.which(tool)
+        assert path, f"host tool {tool} missing"
+        entries.append((f"bin/{tool}", "f", Path(os.path.realpath(path)).read_bytes(), 0o755))
+        binaries.append(path)
     seen = set()
-    for lib in _shared_libs(sh):
+    for lib in sorted({lib for b in binaries for lib in _shared_libs(b)}):
         rel = lib.lstrip("/")
         if rel in seen:
             continue

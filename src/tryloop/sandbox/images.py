@@ -90,7 +90,7 @@ def image_id(layers: Iterable[str], binds: Iterable[tuple[str, str]], env: Itera
 
 
 def make_image(store: LayerStore, layers: Iterable[str], env: Iterable[tuple[str, str]], *,
-               workdir: str = "/", user: str = "", meta: dict | None = None) -> Image:
+               workdir: str = "/", user: str = "", meta: dict | None = None, save: bool = True) -> Image:
     """Save an image of store layers (top-most first) with an OCI-style config.
 
     Its id is the digest of the layers and the config (env, workdir, user and the ids
@@ -103,7 +103,8 @@ def make_image(store: LayerStore, layers: Iterable[str], env: Iterable[tuple[str
     iid = image_id(layers, (), env, config)
     image = Image(id=iid, layers=layers, env=env, uid=uid, gid=gid, meta=dict(meta or {}),
                   workdir=workdir, user=user)
-    save_image(store, image)
+    if save:
+        save_image(store, image)
     return image
 
 

@@ -33,8 +33,10 @@ What a layer keeps of a source tree (`add_tree`):
   still hides the lower file when the layer is used as a lowerdir;  whiteouts are
   normalized to mode 000, owned by the user building the layer (root), which overlayfs
   never shows;
-* opaque directories (xattr ``trusted.overlay.opaque`` = ``b"y"``), so that a directory
-  that was removed and re-created still hides the lower directory's entries.
+* opaque directories (xattr ``trusted.overlay.opaque`` = ``b"y"``, or in the upper dir
+  of an overlay in a user namespace ``user.overlay.opaque``), so that a
+  directory that was removed and re-created still hides the lower directory's entries;
+  a layer marks them with both xattrs, for overlays mounted either way.
 
 What it drops:
 
@@ -97,6 +99,8 @@ FIXED_MTIME_NS = 1_000_000_000 * 1_000_000_000
 MAX_DEPTH = 256
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
+#: The same marker as an overlay mounted in a user namespace (`userxattr`) reads and writes it.
+USER_OPAQUE_XATTR = "user.overlay.opaque"
 _METACOPY_XATTR = "trusted.overlay.metacopy"
 _REDIRECT_XATTR = "trusted.overlay.redirect"
 
@@ -211,11 +215,13 @@ class _Walker:
     `tree_digest(layer) == digest` holds for what `add_tree` returns.
     """
 
-    def __init__(self, src: Path, *, copy: bool, uid: int | None = None, gid: int | None = None):
+    def __init__(self, src: Path, *, copy: bool, uid: int | None = None, gid: int | None = None,
+                 id_base: int = 0):
         self.src = src
         self.copy = copy
         self.uid = uid
         self.gid = gid
+        self.id_base = id_base
         self.records: list[tuple[bytes, bytes]] = []
         self.strip = _STRIP_BITS if copy else 0
 
@@ -224,12 +230,22 @@ class _Walker:
 
     def _owner(self, st: os.stat_result) -> tuple[int, int]:
         return (
-            st.st_uid if self.uid is None else self.uid,
-            st.st_gid if self.gid is None else self.gid,
+            self._unshift(st.st_uid) if self.uid is None else self.uid,
+            self._unshift(st.st_gid) if self.gid is None else self.gid,
         )
+
+    def _unshift(self, id_: int) -> int:
+        """An id as the user namespace mapping 0..65535 to id_base.. saw it (65534 if unmapped)."""
+        if not self.id_base:
+            return id_
+        return id_ - self.id_base if self.id_base <= id_ < self.id_base + 65536 else 65534
 
     def _dir_meta(self, fd: int, rel: bytes) -> bool:
         opaque = _fgetxattr(fd, OPAQUE_XATTR) == b"y"
+        if self.id_base and not opaque:
+            # The upper dir of an overlay mounted in a user namespace (userxattr); elsewhere
+            # a user.* xattr is an ordinary one that a merged view shows, not a marker.
+            opaque = _fgetxattr(fd, USER_OPAQUE_XATTR) == b"y"
         if _fgetxattr(fd, _REDIRECT_XATTR) is not None:
             raise self._fail(
                 rel, "directory has an overlayfs redirect (mount with redirect_dir=off)"
@@ -239,6 +255,8 @@ class _Walker:
     def _finish_dir(self, dfd: int, st: os.stat_result, opaque: bool) -> None:
         if opaque:
             os.setxattr(dfd, OPAQUE_XATTR, b"y")
+            with contextlib.suppress(OSError):  # for overlays in user namespaces; not all filesystems
+                os.setxattr(dfd, USER_OPAQUE_XATTR, b"y")
         os.fchown(dfd, *self._owner(st))
         os.fchmod(dfd, stat.S_IMODE(st.st_mode) & ~_STRIP_BITS)
         os.utime(dfd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
@@ -482,11 +500,13 @@ class LayerStore:
     # ---- building layers
 
     def add_tree(self, src: Path, *, uid: int | None = None, gid: int | None = None,
-                 memory: bool = False) -> str:
+                 memory: bool = False, id_base: int = 0) -> str:
         """Freeze the directory tree `src` into a layer; returns its digest.
 
         With `uid`/`gid`, every entry is owned by them (task workspaces, owned by the
-        sandbox's unprivileged user); without, ownership is preserved.  See the module
+        sandbox's unprivileged user); without, ownership is preserved, or with `id_base`
+        translated back from a user namespace whose ids 0..65535 are the host's
+        id_base.. (the upper dir of a build sandbox).  See the module
         doc for what is kept, what is dropped and the security rules.
         """
         src = Path(src)
@@ -498,7 +518,7 @@ class LayerStore:
         try:
             bfd = os.open(build, _O_DIR)
             try:
-                digest = _Walker(src, copy=True, uid=uid, gid=gid).run(bfd)
+                digest = _Walker(src, copy=True, uid=uid, gid=gid, id_base=id_base).run(bfd)
             finally:
                 os.close(bfd)
         except BaseException:

@@ -45,11 +45,10 @@ from pathlib import Path
 from typing import IO
 
 from tryloop.errors import TryloopError
-from tryloop.sandbox.layers import OPAQUE_XATTR, LayerStore
+from tryloop.sandbox.layers import OPAQUE_XATTR, USER_OPAQUE_XATTR, LayerStore
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
-USER_OPAQUE_XATTR = "user.overlay.opaque"
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC

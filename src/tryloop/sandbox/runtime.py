@@ -163,9 +163,15 @@ class SandboxRuntime:
     # ---- sandboxes ---------------------------------------------------------
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
-                     *, timeout: float = 10.0) -> Sandbox:
-        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image)."""
+                     *, timeout: float = 10.0, id_base: int = 0) -> Sandbox:
+        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image).
+
+        `id_base` > 0 runs it in a user namespace of its own whose ids 0..65535 are the
+        host's id_base.. (image builds, whose commands run as the namespace's root);
+        uid 0 is refused without one."""
         cfg = config or SandboxConfig()
+        if (cfg.uid == 0 or cfg.gid == 0) and id_base <= 0:
+            raise SandboxError("a sandbox runs commands as uid 0 only in a user namespace (id_base)")
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
         cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
@@ -186,6 +192,8 @@ class SandboxRuntime:
                      ("shm", str(lim.dev_shm_mb << 20)),
                      ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
             items += [("lower", p) for p in lowers]
+            if id_base > 0:
+                items.append(("idbase", str(id_base)))
             for src, dst in image.binds:
                 items += [("bsrc", src), ("bdst", dst)]
             items += [("cg", str(p)) for p in cg.procs_files()]
