@@ -55,6 +55,18 @@ class RuntimeConfig(_Model):
     cgroup_name: str = Field("tryloop", pattern=r"^[A-Za-z0-9_.-]+$", description="parent cgroup of all sandboxes")
 
 
+class ImagesConfig(_Model):
+    """Image builds from Dockerfiles (`tryloop image build`) and the store's garbage collection."""
+
+    dockerfile: str = Field("Dockerfile", description="the Dockerfile, relative to the build context unless absolute")
+    build_args: dict[str, str] = Field(default_factory=dict, description="values of the Dockerfile's ARGs")
+    build_network: bool = Field(True, description="RUN steps reach the host network (only while building)")
+    build_timeout_s: float = Field(1800.0, gt=0, description="wall-clock limit of one RUN step")
+    build_memory_mb: int = Field(4096, ge=64, description="memory limit of a build sandbox")
+    build_disk_mb: int = Field(8192, ge=16, description="size of a RUN step's writable layer (tmpfs)")
+    prune_grace_s: float = Field(600.0, ge=0, description="prune keeps layers younger than this (builds in progress)")
+
+
 class PoolConfig(_Model):
     size: int = Field(4, ge=0, description="idle sandboxes kept ready per snapshot")
     max_live: int = Field(1024, ge=1, description="upper bound on sandboxes of this pool alive at once")
@@ -94,6 +106,7 @@ class TryloopConfig(_Model):
 
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    images: ImagesConfig = Field(default_factory=ImagesConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)

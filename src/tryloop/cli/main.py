@@ -80,9 +80,10 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, evaluate, reward, sandbox, tasks, train
+    from tryloop.cli import bench, demo, evaluate, image, reward, sandbox, tasks, train
 
     app.add_typer(sandbox.app, name="sandbox")
+    app.add_typer(image.app, name="image")
     app.add_typer(tasks.app, name="tasks")
     app.add_typer(reward.app, name="reward")
     app.add_typer(bench.app, name="bench")

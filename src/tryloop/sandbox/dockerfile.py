@@ -541,7 +541,10 @@ def _copy(store, st: _State, ins: Instruction, where: str, context: Path) -> str
         chmod = int(flags["chmod"], 8)
     dest_abs = os.path.normpath(os.path.join(st.workdir, dest))
     sources = [p for s in srcs for p in _sources(context, s, where)]
-    into_dir = dest.endswith("/") or len(sources) > 1 or any(p.is_dir() and not p.is_symlink() for p in sources)
+    existing = find_in_layers(store, st.layers, dest_abs)
+    into_dir = (dest.endswith(("/", "/.")) or dest == "." or len(sources) > 1
+                or (existing is not None and existing.is_dir() and not existing.is_symlink())
+                or any(p.is_dir() and not p.is_symlink() for p in sources))
     ignore = _ignored(context)
     with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
         stage = Path(tmp) / "root"
@@ -642,6 +645,17 @@ def _network_env() -> dict[str, str]:
     return env
 
 
+def _check_reachable(mnt_dir: Path, where: str) -> None:
+    """A build sandbox's init runs as an unprivileged host id (its user namespace's root):
+    it must be able to reach the runtime's mount directory."""
+    for p in [mnt_dir, *mnt_dir.parents]:
+        mode = os.stat(p).st_mode
+        if not mode & stat.S_IXOTH:
+            raise BuildError(f"{where}: cannot run RUN steps: {p} (mode {stat.S_IMODE(mode):o}) is not searchable "
+                             f"by other users, and a build sandbox must reach {mnt_dir} as one; chmod o+x it "
+                             "or choose another runtime.state_dir")
+
+
 def build_id_base() -> int:
     """A user namespace id range for one build sandbox: 65536 ids above 2^30, which no
     host user has."""
@@ -675,6 +689,7 @@ async def _run(runtime, st: _State, ins: Instruction, where: str, i: int, n: int
     cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
         memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
         file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": st.workdir})
+    _check_reachable(runtime.mnt_dir, where)
     id_base = build_id_base()
     cmd = argv if argv else ["/bin/sh", "-c", ins.args]
     async with await runtime.create(snap, cfg, id_base=id_base) as sb:
@@ -683,7 +698,7 @@ async def _run(runtime, st: _State, ins: Instruction, where: str, i: int, n: int
             why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else
                    "ran out of memory" if res.oom_killed else
                    f"exit {res.exit_code}" if res.exit_code is not None else f"signal {res.signal}")
-            tail = res.text()[-3000:]
+            tail = (res.text() + res.text("stderr"))[-3000:]  # stderr: why a command did not start
             raise BuildError(f"{where}: step {i}/{n} `{ins.text()}` failed ({why}); the steps before it "
                              f"stay cached\n{tail}")
         sb.cgroup.freeze()
