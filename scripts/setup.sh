@@ -11,6 +11,7 @@ command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ -f /usr/lib/aarch64-linux-gnu/libc.a ] || need_apt+=(libc6-dev)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v tar >/dev/null || need_apt+=(tar)
+command -v dash >/dev/null || need_apt+=(dash)  # the shell of the test suite's OCI archives
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

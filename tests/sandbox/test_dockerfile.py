@@ -4,7 +4,6 @@ root), cached rebuilds, and refusals that name the file and line."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,18 +36,9 @@ CMD ["cat", "built.txt"]
 """
 
 
-@pytest.fixture(autouse=True)
-def _reachable(runtime):
-    # A build sandbox's init runs in a user namespace: as an unprivileged host id it must
-    # be able to reach its mount directory (pytest's temporary directories are 0700).
-    for p in [runtime.mnt_dir, *runtime.mnt_dir.parents]:
-        if p == Path(tempfile.gettempdir()):
-            break
-        os.chmod(p, os.stat(p).st_mode | 0o011)
-
-
 @pytest.fixture(scope="module")
-def base(runtime, tmp_path_factory):
+def base(build_runtime, tmp_path_factory):
+    runtime = build_runtime
     entries = base_entries(tools=TOOLS) + [("opt", "d", None, 0o755), ("opt/tree", "d", None, 0o755),
                                            ("opt/tree/old", "f", b"old\n", 0o644)]
     layers = [layer_tar(entries, gz=True)]
@@ -76,7 +66,8 @@ async def _sh(runtime, image, cmd: str) -> str:
         return res.text()
 
 
-async def test_build_runs_steps_in_the_image_and_a_rebuild_is_all_cached(runtime, base, tmp_path):
+async def test_build_runs_steps_in_the_image_and_a_rebuild_is_all_cached(build_runtime, base, tmp_path):
+    runtime = build_runtime
     ctx = _context(tmp_path)
     seen: list[tuple[int, str]] = []
     t0 = time.monotonic()
@@ -126,7 +117,8 @@ async def test_build_runs_steps_in_the_image_and_a_rebuild_is_all_cached(runtime
     assert [statuses[i] for i in (5, 6, 7, 8, 10)] == ["cached", "cached", "built", "built", "built"]
 
 
-async def test_failing_run_names_the_step_and_keeps_the_cache(runtime, base, tmp_path):
+async def test_failing_run_names_the_step_and_keeps_the_cache(build_runtime, base, tmp_path):
+    runtime = build_runtime
     df = DOCKERFILE.replace("USER app\n", "USER app\nRUN echo failing-output; exit 3\n")
     ctx = _context(tmp_path, df)
     with pytest.raises(BuildError) as e:
@@ -141,7 +133,8 @@ async def test_failing_run_names_the_step_and_keeps_the_cache(runtime, base, tmp
     assert dict(seen)[8] == "cached" and dict(seen)[10] == "built"  # the steps before the failure were kept
 
 
-async def test_build_sandbox_sees_only_the_image(runtime, base, tmp_path):
+async def test_build_sandbox_sees_only_the_image(build_runtime, base, tmp_path):
+    runtime = build_runtime
     ctx = _context(tmp_path, "FROM base:1\nRUN ls / > /listing; [ ! -e /work ] && [ ! -e /usr ] && [ ! -e /home ]\n")
     image = await build_dockerfile(runtime, ctx, options=BuildOptions(network=False))
     listing = (await _sh(runtime, image, "cat /listing")).split()
@@ -166,7 +159,8 @@ def test_parse_refusals_name_file_and_line(tmp_path, text, line, match):
     assert str(e.value).startswith(f"{p}:{line}: ")
 
 
-async def test_build_refusals_name_file_and_line(runtime, base, tmp_path):
+async def test_build_refusals_name_file_and_line(build_runtime, base, tmp_path):
+    runtime = build_runtime
     cases = [("FROM nosuch:9\n", 1, "no image named 'nosuch:9'"),
              ("FROM base:1\nCOPY ../outside /x\n", 2, "outside the build context"),
              ("FROM base:1\nCOPY missing.txt /x\n", 2, "does not exist"),
@@ -184,7 +178,8 @@ def test_expand():
     assert expand("$A ${A} ${B:-d} ${A:+alt} ${E:-e} ${E-f} \\$A", env) == "x x d alt e  $A"
 
 
-async def test_scratch_copy_ls_rm_prune(runtime, base, tmp_path):
+async def test_scratch_copy_ls_rm_prune(build_runtime, base, tmp_path):
+    runtime = build_runtime
     ctx = _context(tmp_path, "FROM scratch\nCOPY data.txt /\n")
     image = await build_dockerfile(runtime, ctx, tag="scratchy", options=BuildOptions(network=False))
     rows = {r.image.id: r for r in list_images(runtime.store)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ def tryloop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture
-def config_file(runtime, runtime_config, tmp_path) -> Path:
+def config_file(runtime, runtime_config, tmp_path):
     """A private store (so ls/prune see only this test's images), the session's cgroup parent."""
     store = tmp_path / "store"
     state = Path(tempfile.mkdtemp(prefix="tryloop-image-cli-"))  # reachable by a build's user namespace
@@ -35,7 +36,8 @@ def config_file(runtime, runtime_config, tmp_path) -> Path:
         "runtime": {"store_dir": str(store), "state_dir": str(state), "cgroup_name": runtime_config.cgroup_name},
         "images": {"build_network": False, "prune_grace_s": 0},
     }))
-    return path
+    yield path
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def test_import_build_ls_inspect_rm_prune(config_file, tmp_path):

@@ -131,6 +131,36 @@ def _tag(tag_image, store, name: str, image_id: str) -> str:
         raise ConfigError(str(e)) from None
 
 
+@app.command()
+def debian(
+    packages: Annotated[list[str] | None, typer.Argument(help="packages on top of the Essential set")] = None,
+    tag: Tag = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="do not stream the maintainer scripts' output")] = False,
+    config: ConfigOpt = None, store_dir: StoreDir = None,
+) -> None:
+    """A Debian root of the host's release: Essential packages plus PACKAGES, cached by the
+    resolved package list's digest. Prints the image id."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.sandbox.catalog import tag_image
+    from tryloop.sandbox.debian import debian_root
+
+    cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
+    rt = run_cli(SandboxRuntime, cfg.runtime)
+    t0 = time.monotonic()
+
+    def output(_name: str, chunk: bytes) -> None:
+        if not quiet:
+            sys.stderr.write(chunk.decode(errors="replace"))
+
+    image = run_cli(lambda: asyncio.run(debian_root(
+        rt, list(packages or []), on_step=lambda m: console.print(f"  {m}"), on_output=output)))
+    if tag:
+        run_cli(lambda: _tag(tag_image, rt.store, tag, image.id))
+    console.print(f"image [bold]{image.id[:12]}[/] ({image.meta.get('installed')} packages, "
+                  f"{len(image.layers)} layers) in {time.monotonic() - t0:.1f}s" + (f", tagged {tag}" if tag else ""))
+    print(image.id)
+
+
 @app.command("ls")
 def ls(json_out: JsonOut = False, config: ConfigOpt = None, store_dir: StoreDir = None) -> None:
     """List the store's images with their names, layers and disk use."""

@@ -662,6 +662,47 @@ def build_id_base() -> int:
     return (1 << 30) + secrets.randbelow(1 << 12) * 65536
 
 
+async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: list[str], *,
+                         workdir: str = "/", user: str = "", options: BuildOptions | None = None,
+                         what: str = "build step", on_output=None) -> str:
+    """Run `cmd` in a build sandbox on `layers` (top-most first) as `user` (root: the
+    root of the sandbox's own user namespace) and return the layer of what it changed
+    ("" for nothing). A failure raises BuildError starting with `what`."""
+    opts = options or BuildOptions()
+    store = runtime.store
+    uid, gid = resolve_user(store, tuple(layers), user)
+    env = dict(env)
+    env.setdefault("PATH", _DEFAULT_PATH)
+    env.setdefault("HOME", "/root" if uid == 0 else "/")
+    if opts.network:
+        env.update(_network_env())
+    image = make_image(store, layers, sorted(env.items()), workdir=workdir, user=user,
+                       meta={"kind": "build-step"}, save=False)
+    runtime.register_image(image)
+    net = _network_layer(store) if opts.network else ""
+    snap = Snapshot(image.id, (net,) if net else ())
+    cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
+        memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
+        file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": workdir})
+    _check_reachable(runtime.mnt_dir, what)
+    id_base = build_id_base()
+    async with await runtime.create(snap, cfg, id_base=id_base) as sb:
+        res = await sb.exec(cmd, cwd=workdir, on_output=on_output, merge_stderr=True)
+        if not res.ok:
+            why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else
+                   "ran out of memory" if res.oom_killed else
+                   f"exit {res.exit_code}" if res.exit_code is not None else f"signal {res.signal}")
+            tail = (res.text() + res.text("stderr"))[-3000:]  # stderr: why a command did not start
+            raise BuildError(f"{what} failed ({why}); the steps before it stay cached\n{tail}")
+        sb.cgroup.freeze()
+        try:
+            upper = sb.upper_dir()
+            empty = not any(os.scandir(upper))
+            return "" if empty else store.add_tree(upper, id_base=id_base)
+        finally:
+            sb.cgroup.thaw()
+
+
 async def _run(runtime, st: _State, ins: Instruction, where: str, i: int, n: int, opts: BuildOptions,
                on_output) -> str:
     store = runtime.store
@@ -674,40 +715,11 @@ async def _run(runtime, st: _State, ins: Instruction, where: str, i: int, n: int
         if layer:
             st.layers.insert(0, layer)
         return "cached"
-    uid, gid = resolve_user(store, tuple(st.layers), st.user)
-    env = dict(st.env)
-    env.setdefault("PATH", _DEFAULT_PATH)
-    env.update(args_env)
-    env.setdefault("HOME", "/root" if uid == 0 else "/")
-    if opts.network:
-        env.update(_network_env())
-    image = make_image(store, st.layers, sorted(env.items()), workdir=st.workdir, user=st.user,
-                       meta={"kind": "build-step"}, save=False)
-    runtime.register_image(image)
-    net = _network_layer(store) if opts.network else ""
-    snap = Snapshot(image.id, (net,) if net else ())
-    cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
-        memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
-        file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": st.workdir})
-    _check_reachable(runtime.mnt_dir, where)
-    id_base = build_id_base()
+    env = {**st.env, **args_env}
     cmd = argv if argv else ["/bin/sh", "-c", ins.args]
-    async with await runtime.create(snap, cfg, id_base=id_base) as sb:
-        res = await sb.exec(cmd, cwd=st.workdir, on_output=on_output, merge_stderr=True)
-        if not res.ok:
-            why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else
-                   "ran out of memory" if res.oom_killed else
-                   f"exit {res.exit_code}" if res.exit_code is not None else f"signal {res.signal}")
-            tail = (res.text() + res.text("stderr"))[-3000:]  # stderr: why a command did not start
-            raise BuildError(f"{where}: step {i}/{n} `{ins.text()}` failed ({why}); the steps before it "
-                             f"stay cached\n{tail}")
-        sb.cgroup.freeze()
-        try:
-            upper = sb.upper_dir()
-            empty = not any(os.scandir(upper))
-            layer = "" if empty else store.add_tree(upper, id_base=id_base)
-        finally:
-            sb.cgroup.thaw()
+    layer = await run_build_step(runtime, st.layers, env, cmd, workdir=st.workdir, user=st.user,
+                                 options=opts, what=f"{where}: step {i}/{n} `{ins.text()}`",
+                                 on_output=on_output)
     _cache_put(store, key_doc, layer)
     if layer:
         st.layers.insert(0, layer)
