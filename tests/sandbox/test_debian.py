@@ -37,7 +37,7 @@ async def test_debian_root_with_jq_then_a_dockerfile_on_it(build_runtime, tmp_pa
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(
-        "FROM debian-jq\nRUN useradd -m -u 1500 dev && mkdir /work && chown dev /work\n"
+        "FROM debian-jq\nRUN echo 'dev:x:1500:1500::/work:/bin/sh' >> /etc/passwd && echo 'dev:x:1500:' >> /etc/group\n"
         "USER dev\nWORKDIR /work\nRUN echo '[3,4]' | jq add > sum.txt\n")
     built = await build_dockerfile(runtime, ctx, options=BuildOptions(network=False))
     async with await runtime.create(Snapshot(built.id)) as sb:
