@@ -126,7 +126,7 @@ async def build_image(runtime, spec: ImageSpec,
     return img
 
 
-def _network_env() -> dict[str, str]:
+def network_env() -> dict[str, str]:
     """What a networked build step needs from the host to reach a package index the way
     the host does: proxies, an http(s) index, and the system CA bundle (the image has it)."""
     import os
@@ -171,7 +171,7 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
         cmd, network = step.run or "", step.network
     cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
                         limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
-    env = {"HOME": "/tmp", **(_network_env() if network else {})}
+    env = {"HOME": "/tmp", **(network_env() if network else {})}
     async with await runtime.create(Snapshot(img.id), cfg) as sb:
         res = await sb.exec(cmd, cwd="/", env=env)
         if not res.ok:

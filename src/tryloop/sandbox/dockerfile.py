@@ -43,6 +43,7 @@ from functools import partial
 from pathlib import Path
 
 from tryloop.config import SandboxConfig, SandboxLimits
+from tryloop.sandbox.build import network_env
 from tryloop.sandbox.images import Image, find_in_layers, make_image, resolve_user
 from tryloop.sandbox.layers import Snapshot
 from tryloop.sandbox.oci import ImageError, mountpoints_layer, unpack_layer
@@ -636,15 +637,6 @@ def _network_layer(store) -> str:
     return store.add_files(files, uid=0, gid=0) if files else ""
 
 
-def _network_env() -> dict[str, str]:
-    keep = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-    env = {k: v for k, v in os.environ.items() if k in keep}
-    for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
-        if os.environ.get(k, "").startswith(("http://", "https://")):
-            env[k] = os.environ[k]
-    return env
-
-
 def _check_reachable(mnt_dir: Path, where: str) -> None:
     """A build sandbox's init runs as an unprivileged host id (its user namespace's root):
     it must be able to reach the runtime's mount directory."""
@@ -675,7 +667,10 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
     env.setdefault("PATH", _DEFAULT_PATH)
     env.setdefault("HOME", "/root" if uid == 0 else "/")
     if opts.network:
-        env.update(_network_env())
+        env.update(network_env())
+        if find_in_layers(store, layers, "etc/ssl/certs/ca-certificates.crt") is None:
+            for k in ("PIP_CERT", "SSL_CERT_FILE"):  # the image has no CA bundle there
+                env.pop(k, None)
     image = make_image(store, layers, sorted(env.items()), workdir=workdir, user=user,
                        meta={"kind": "build-step"}, save=False)
     runtime.register_image(image)
