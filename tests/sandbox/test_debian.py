@@ -49,3 +49,13 @@ async def test_unknown_package_is_refused(build_runtime):
     runtime = build_runtime
     with pytest.raises(BuildError, match="no-such-package-here"):
         await debian_root(runtime, ["no-such-package-here"])
+
+
+def test_bench_images_quick(runtime_config, tmp_path):
+    from tryloop.bench.images import run
+    from tryloop.config import TryloopConfig
+
+    cfg = TryloopConfig(runtime=runtime_config)
+    res = run(cfg, quick=True, out=tmp_path / "r.json")
+    assert res["same_id"] and set(res["latency"]) == {"host", "debian"}
+    assert (tmp_path / "r.json").is_file() and res["disk"]["debian"]["mib"] > 10

@@ -27,6 +27,21 @@ def sandbox_bench(
     run_cli(run, cfg, quick=quick, density=density, cycles=cycles, out=out, console=console)
 
 
+@app.command("images")
+def images_bench(
+    quick: Annotated[bool, typer.Option("--quick", help="fewer iterations (a smoke run)")] = False,
+    package: Annotated[list[str] | None, typer.Option("--package", help="Debian packages of the root (repeat; default jq)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Images: Debian root and Dockerfile build times cold and cached; create, exec, reset
+    on a Debian root beside the host-derived root; disk per image."""
+    from tryloop.bench.images import run
+
+    cfg = run_cli(load_config, config, {})
+    run_cli(run, cfg, quick=quick, packages=package, out=out, console=console)
+
+
 @app.command("tasks")
 def tasks_bench(
     quick: Annotated[bool, typer.Option("--quick", help="fewer candidates (a smoke run)")] = False,
