@@ -82,13 +82,13 @@ async def test_oci_layout_dir_and_tar_give_the_docker_save_image(runtime, tmp_pa
     assert await _probe(runtime, a) == EXPECTED
 
 
-async def test_root_user_image_runs_as_the_unprivileged_uid(runtime, tmp_path, layers):
-    cfg = image_config(layers[:1], env=["PATH=/bin"])
+async def test_root_user_image_runs_as_the_unprivileged_uid_in_its_workdir(runtime, tmp_path, layers):
+    cfg = image_config(layers[:1], env=["PATH=/bin"], workdir="/not/in/the/layers")
     image = import_archive(runtime.store, docker_save(tmp_path / "r.tar", layers[:1], cfg))
-    assert (image.uid, image.workdir) == (0, "/")
-    async with await runtime.create(Snapshot(image.id)) as sb:
+    assert (image.uid, image.workdir) == (0, "/not/in/the/layers")
+    async with await runtime.create(Snapshot(image.id)) as sb:  # the missing WorkingDir is made
         res = await sb.exec("while read k u r; do [ $k = Uid: ] && echo $u; done < /proc/self/status; pwd")
-        assert res.text() == "1000\n/\n"
+        assert res.text() == "1000\n/not/in/the/layers\n"
 
 
 def _unpack(tmp_path: Path, entries, name="evil") -> Path:
@@ -172,3 +172,12 @@ def test_corrupt_oci_blob_is_refused(tmp_path, layers):
     blob.write_bytes(bytes(data))
     with pytest.raises(ImageError, match="does not match its digest"):
         import_archive(LayerStore(tmp_path / "store"), d)
+
+
+async def test_workspace_snapshot_on_an_image_goes_to_its_workdir_as_its_user(runtime, tmp_path, layers):
+    image = import_archive(runtime.store, docker_save(tmp_path / "img.tar", layers, _config(layers)))
+    snap = runtime.workspace_snapshot({"task.txt": "todo\n"}, image=image)
+    async with await runtime.create(snap) as sb:
+        res = await sb.exec("read v < task.txt; echo $v > done.txt && echo $v")
+        assert res.ok and res.text() == "todo\n", res.text("stderr")
+    assert os.stat(runtime.store.path(snap.layers[0]) / "app/task.txt").st_uid == 1234

@@ -478,7 +478,7 @@ def import_archive(store: LayerStore, path: str | Path, *, ref: str | None = Non
 
     `on_layer(i, n, digest)` is called after each layer is in the store.
     """
-    from tryloop.sandbox.images import make_image
+    from tryloop.sandbox.images import find_in_layers, make_image
 
     path = Path(path)
     ar = _Archive(path)
@@ -509,10 +509,21 @@ def import_archive(store: LayerStore, path: str | Path, *, ref: str | None = Non
         bottom = mountpoints_layer(store)
         stack = tuple(reversed(layers)) + (bottom,)
         env = oci_env(cfg, f"{path}: config")
+        workdir = os.path.normpath("/" + str(cfg.get("WorkingDir") or "").lstrip("/"))
+        if find_in_layers(store, stack, workdir) is None:
+            # A container engine creates a missing WorkingDir when the container starts;
+            # here it is a small layer of its own, so every sandbox can start in it.
+            with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
+                root = Path(tmp) / "root"
+                (root / workdir.lstrip("/")).mkdir(parents=True, mode=0o755)
+                for d in [root, *(root / workdir.lstrip("/")).parents, root / workdir.lstrip("/")]:
+                    if d == root or root in d.parents:
+                        os.chmod(d, 0o755)
+                stack = (store.add_tree(root, uid=0, gid=0), *stack)
         meta = {"kind": "oci", "source": str(path), "tags": man.tags,
                 "cmd": cfg.get("Cmd"), "entrypoint": cfg.get("Entrypoint"),
                 "labels": cfg.get("Labels") or {}, "skipped": skipped[:100]}
-        return make_image(store, stack, env, workdir=cfg.get("WorkingDir") or "/",
+        return make_image(store, stack, env, workdir=workdir,
                           user=str(cfg.get("User") or ""), meta=meta)
     finally:
         ar.close()

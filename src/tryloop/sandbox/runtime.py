@@ -128,6 +128,7 @@ class SandboxRuntime:
         """
         cfg = config or SandboxConfig()
         img = image or self.host_image(cfg.uid, cfg.gid)
+        cfg = img.sandbox_config(cfg)  # an image's workdir and user, as sandboxes on it get them
         ws = cfg.workdir.strip("/")
         if isinstance(src, dict):
             layer = self.store.add_files({f"{ws}/{k.lstrip('/')}": v for k, v in src.items()},
