@@ -65,6 +65,8 @@ class ImagesConfig(_Model):
     build_memory_mb: int = Field(4096, ge=64, description="memory limit of a build sandbox")
     build_disk_mb: int = Field(8192, ge=16, description="size of a RUN step's writable layer (tmpfs)")
     prune_grace_s: float = Field(600.0, ge=0, description="prune keeps layers younger than this (builds in progress)")
+    run_image: str | None = Field(None, description="image of `tryloop sandbox run` and `shell` (name or id); "
+                                                    "none: the host-derived root")
 
 
 class PoolConfig(_Model):

@@ -73,6 +73,10 @@ def test_import_build_ls_inspect_rm_prune(config_file, tmp_path):
     assert doc["id"] == app_id and doc["workdir"] == "/srv" and doc["names"] == ["app:latest"]
     assert doc["meta"]["base"] == base_id
 
+    res = tryloop("sandbox", "run", "--image", "app", "-c", str(config_file), "--", "cat", "msg.txt")
+    assert res.returncode == 0 and res.stdout == "from the context\nbuilt for tests\n", res.stdout + res.stderr
+    res = tryloop("sandbox", "run", "--image", "nothing", "-c", str(config_file), "--", "true")
+    assert res.returncode == 78 and "images.run_image: no image named 'nothing'" in res.stdout + res.stderr
     res = tryloop("image", "rm", "app", "-c", str(config_file))
     assert res.returncode == 0, res.stdout + res.stderr
     res = tryloop("image", "prune", "-c", str(config_file))

@@ -24,12 +24,13 @@ MemoryMb = Annotated[int | None, typer.Option("--memory-mb", help="sandbox.limit
 DiskMb = Annotated[int | None, typer.Option("--disk-mb", help="sandbox.limits.disk_mb")]
 Timeout = Annotated[float | None, typer.Option("--timeout", help="sandbox.limits.exec_timeout_s")]
 StoreDir = Annotated[Path | None, typer.Option("--store-dir", help="runtime.store_dir")]
+ImageOpt = Annotated[str | None, typer.Option("--image", help="images.run_image (name or id; default: the host root)")]
 
 
 def _overrides(**kw) -> dict[str, object]:
     names = {"network": "sandbox.network", "memory_mb": "sandbox.limits.memory_mb",
              "disk_mb": "sandbox.limits.disk_mb", "timeout": "sandbox.limits.exec_timeout_s",
-             "store_dir": "runtime.store_dir"}
+             "store_dir": "runtime.store_dir", "image": "images.run_image"}
     return {names[k]: v for k, v in kw.items()}
 
 
@@ -83,9 +84,22 @@ async def _live_probe(cfg) -> dict[str, str]:
 
 async def _with_sandbox(cfg, workspace: Path | None, fn):
     from tryloop.sandbox import SandboxRuntime
+    from tryloop.sandbox.layers import Snapshot
 
     rt = SandboxRuntime(cfg.runtime)
-    snap = rt.workspace_snapshot(workspace, config=cfg.sandbox) if workspace else rt.base_snapshot(cfg.sandbox)
+    image = None
+    if cfg.images.run_image:
+        from tryloop.errors import ConfigError
+        from tryloop.sandbox.catalog import resolve
+
+        try:
+            image = rt.image(resolve(rt.store, cfg.images.run_image))
+        except KeyError as e:
+            raise ConfigError(f"images.run_image: {e.args[0]}") from None
+    if workspace:
+        snap = rt.workspace_snapshot(workspace, image=image, config=cfg.sandbox)
+    else:
+        snap = Snapshot(image.id) if image is not None else rt.base_snapshot(cfg.sandbox)
     async with await rt.create(snap, cfg.sandbox) as sb:
         return await fn(sb)
 
@@ -96,10 +110,11 @@ def run(
     workspace: Workspace = None, network: Network = None, memory_mb: MemoryMb = None,
     disk_mb: DiskMb = None, timeout: Timeout = None, store_dir: StoreDir = None, config: ConfigOpt = None,
     shell: Annotated[bool, typer.Option("--shell", help="run CMD as one /bin/sh -c string")] = False,
+    image: ImageOpt = None,
 ) -> None:
     """Run one command in a fresh sandbox and print its output and resource use."""
     cfg = run_cli(load_config, config, _overrides(network=network, memory_mb=memory_mb, disk_mb=disk_mb,
-                                                    timeout=timeout, store_dir=store_dir))
+                                                    timeout=timeout, store_dir=store_dir, image=image))
 
     async def go(sb):
         def echo(stream: str, chunk: bytes) -> None:
@@ -121,11 +136,11 @@ def run(
 @app.command()
 def shell(
     workspace: Workspace = None, network: Network = None, memory_mb: MemoryMb = None,
-    store_dir: StoreDir = None, config: ConfigOpt = None,
+    store_dir: StoreDir = None, config: ConfigOpt = None, image: ImageOpt = None,
 ) -> None:
     """An interactive shell in a fresh sandbox (everything is discarded on exit)."""
     cfg = run_cli(load_config, config, _overrides(network=network, memory_mb=memory_mb, store_dir=store_dir,
-                                                  timeout=24 * 3600.0))
+                                                  timeout=24 * 3600.0, image=image))
 
     async def go(sb):
         master, slave = os.openpty()

@@ -68,16 +68,21 @@ class Image:
         )
 
     def sandbox_config(self, config):
-        """`config` with this image's working directory and user where it leaves them unset.
+        """`config` with this image's working directory and user where it leaves them unset
+        (or at their defaults).
 
         An image whose user is root (uid 0) keeps the config's unprivileged uid: sandbox
         commands never run as uid 0 outside a user namespace.
         """
         update: dict = {}
-        given = config.model_fields_set
-        if self.workdir and "workdir" not in given:
+        fields = type(config).model_fields
+
+        def unset(name: str) -> bool:  # not given, or given as the default (a whole YAML dump)
+            return name not in config.model_fields_set or getattr(config, name) == fields[name].default
+
+        if self.workdir and unset("workdir"):
             update["workdir"] = self.workdir
-        if self.user and self.uid > 0 and "uid" not in given and "gid" not in given:
+        if self.user and self.uid > 0 and unset("uid") and unset("gid"):
             update.update(uid=self.uid, gid=self.gid)
         return config.model_copy(update=update) if update else config
 
