@@ -15,7 +15,7 @@ from tryloop.sandbox.dockerfile import BuildError, BuildOptions, build_dockerfil
 from tryloop.sandbox.layers import Snapshot
 from tryloop.sandbox.oci import import_archive
 
-TOOLS = ("cat", "mkdir", "rm", "ls", "id", "touch")
+TOOLS = ("cat", "mkdir", "rm", "ls", "id", "touch", "ln")
 
 DOCKERFILE = """\
 # a comment
@@ -192,3 +192,30 @@ async def test_scratch_copy_ls_rm_prune(build_runtime, base, tmp_path):
     assert copy_layer in report.removed and report.bytes_freed > 0
     assert not runtime.store.has(copy_layer)
     assert runtime.store.has(base.layers[0])  # still referenced by the base image
+
+
+async def test_add_archive_dockerignore_chmod_and_symlinked_destination(build_runtime, base, tmp_path):
+    import io
+    import tarfile
+
+    runtime = build_runtime
+    ctx = _context(tmp_path, "FROM base:1\nADD bundle.tar /opt/bundle/\nCOPY --chmod=0700 src /srv/src\n"
+                             "COPY . /ctx/\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        ti = tarfile.TarInfo("inner/file.txt")
+        ti.size = 3
+        tar.addfile(ti, io.BytesIO(b"in\n"))
+    (ctx / "bundle.tar").write_bytes(buf.getvalue())
+    (ctx / "secret.key").write_text("no\n")
+    (ctx / ".dockerignore").write_text("secret.key\nsrc/pkg\n")
+    image = await build_dockerfile(runtime, ctx, options=BuildOptions(network=False))
+    out = await _sh(runtime, image, "cat /opt/bundle/inner/file.txt; ls /ctx; ls -l /srv/src/main.sh")
+    lines = out.splitlines()
+    assert lines[0] == "in"
+    assert "secret.key" not in lines and "data.txt" in lines and "bundle.tar" in lines
+    assert lines[-1].startswith("-rwx------")
+    # A destination through a symlink of the image is refused, naming the link.
+    bad = _context(tmp_path / "b", "FROM base:1\nRUN ln -s /tmp /lnk\nCOPY data.txt /lnk/x/\n")
+    with pytest.raises(BuildError, match="passes through the symlink /lnk -> /tmp"):
+        await build_dockerfile(runtime, bad, options=BuildOptions(network=False))
