@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -69,7 +69,15 @@ class TasksConfig(_Model):
     gate_k: int = Field(3, ge=1, description="runs per state in the quality gate")
     time_budget_s: float = Field(60.0, gt=0, description="slowest allowed test run")
     eval_fraction: float = Field(0.25, ge=0, le=1, description="share of split groups held out for eval")
+    # The synthesized function tasks hold out half of their templates: the held-out learning zone of
+    # the bundled model (the tasks its before/after evaluation is judged on) needs >= 100 tasks.
+    eval_fraction_by_source: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        {"functions": 0.5}, description="share of split groups held out, per task source (overrides "
+                                        "eval_fraction for that source)")
     seed: int = 0
+
+    def eval_fraction_for(self, source: str | None) -> float:
+        return self.eval_fraction_by_source.get(source or "", self.eval_fraction)
 
 
 class StoreConfig(_Model):

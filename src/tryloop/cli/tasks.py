@@ -155,7 +155,7 @@ def synth(
             with _progress() as prog:
                 bar = prog.add_task(f"synth {family}", total=None, last="")
                 return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=per_family,
-                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction,
+                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction_for(family),
                                           seed=cfg.tasks.seed,
                                           progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
@@ -227,8 +227,8 @@ def build_default(
     cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
     opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
                                 docs_per_family=docs_per_family, ops_per_family=ops_per_family,
-                                seed=cfg.tasks.seed,
-                                eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
+                                seed=cfg.tasks.seed, eval_fraction=cfg.tasks.eval_fraction,
+                                eval_fraction_by_source=cfg.tasks.eval_fraction_by_source, gate=_gate(cfg))
     work = _work_dir(cfg)
 
     async def go():
@@ -340,7 +340,8 @@ def split(eval_fraction: EvalFraction = None, seed: Seed = None,
     from tryloop.tasks.splits import apply_splits
 
     cfg = _cfg(config, store=store, eval_fraction=eval_fraction, seed=seed)
-    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite)
+    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite,
+                     by_source=cfg.tasks.eval_fraction_by_source)
     console.print(f"train: {counts['train']}  eval: {counts['eval']}")
 
 
