@@ -353,7 +353,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             rollout_s = t0 - t_step
             torch.set_num_threads(all_threads)      # nothing else runs during the update
             try:
-                learn = await asyncio.to_thread(learner.step, trajs, adv.values)
+                learn = await asyncio.to_thread(learner.step, trajs, adv.for_update())
                 weights = await asyncio.to_thread(learner.export_weights, True)
                 await policy.engine.update_weights(weights, version=f"step-{step}")
             finally:
