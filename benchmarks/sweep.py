@@ -40,10 +40,30 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
+def on_shared_tasks(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """pass@1 before and after on the tasks both evaluated (a point evaluates a subset of the learn
+    run's held-out tasks), with the exact paired sign test over them."""
+    from tryloop.telemetry.stats import paired_sign_test
+
+    shared = sorted(before["tasks"].keys() & after["tasks"].keys())
+    b = {t: before["tasks"][t] for t in shared}     # task -> (passes, attempts)
+    a = {t: after["tasks"][t] for t in shared}
+    test = paired_sign_test(b, a)
+
+    def rate(rows: dict[str, Any]) -> float | None:
+        fr = [c / n for c, n in rows.values() if n]
+        return sum(fr) / len(fr) if fr else None
+
+    return {"tasks": len(shared), "before": {"pass_at_1": rate(b)}, "after": {"pass_at_1": rate(a)},
+            "wins": test.wins, "losses": test.losses, "ties": test.ties, "p_value": test.p_value}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path("/var/lib/tryloop/learning"))
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--eval-tasks", type=int, default=50, help="held-out zone tasks evaluated after each point "
+                    "(train.eval_tasks; its 'before' is the learn run's on the same tasks)")
     ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated, of: {', '.join(POINTS)}")
     ap.add_argument("--out", type=Path, default=HERE / "results-sweep.json")
     args = ap.parse_args()
@@ -79,11 +99,14 @@ def main() -> None:
         algo = cfg.train.algo.model_copy(update=algo_up)
         tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{name}", "algo": algo, "steps": args.steps,
                                             "eval_every": args.steps, "eval_at_start": False,
-                                            "check_source": None, **train_up})
+                                            "eval_tasks": args.eval_tasks, "check_source": None, **train_up})
         print(f"== {name}: {what}", flush=True)
         t0 = time.perf_counter()
         run = asyncio.run(train(cfg, tcfg, resume=True, hook=log))
         s = summarize(run.run_dir, baseline, time.perf_counter() - t0)
+        after = [e for e in read_jsonl(run.run_dir / "evals.jsonl") if e.get("name") == "held-out"]
+        if after:
+            s["held-out"] = on_shared_tasks(baseline[0], after[-1])
         curve = s["curve"]
         s["groups_mixed"] = sum(m["groups_mixed"] or 0 for m in curve) / max(1, sum(m["groups"] or 0 for m in curve))
         points[name] = {"what": what, **s}
