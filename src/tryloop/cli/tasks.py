@@ -433,4 +433,4 @@ def _no_tasks(cfg):
 
     src = f" of source {cfg.train.source}" if cfg.train.source else ""
     raise TryloopError(f"no tasks{src} in {cfg.tasks.store_url}: build them first (`tryloop tasks build-default`, "
-                    "or `tryloop train` for the function tasks)")
+                       "or `tryloop train` for the function tasks)")
