@@ -43,6 +43,8 @@ def served(tmp_path_factory):
             yield url, tasks, tmp
     finally:
         os.environ.pop("TRYLOOP_TEST_SERVE_TOKEN", None)
+    leftovers = list((tmp / "state" / "sandboxes").glob("*.json"))
+    assert not leftovers, f"the server left sandboxes behind: {leftovers}"
 
 
 def _auth() -> dict[str, str]:

@@ -24,9 +24,10 @@ def served_tasks(cfg: TryloopConfig) -> list[Task]:
     store = TaskStore(cfg.tasks.store_url)
     entries = store.query(split=None if scfg.split == "all" else scfg.split, source=scfg.source)
     if not entries:
-        raise TryloopError(f"no {scfg.split} tasks{f' of source {scfg.source}' if scfg.source else ''} in the task "
-                           f"store at {store.url} (serve.env.split, serve.env.source): build it with "
-                           "`tryloop tasks build-default`")
+        which = " ".join(x for x in ("" if scfg.split == "all" else scfg.split, "tasks",
+                                     f"of source {scfg.source}" if scfg.source else "") if x)
+        raise TryloopError(f"no {which} in the task store at {store.url} (serve.env.split, serve.env.source): "
+                           "build it with `tryloop tasks build-default`")
     return [store.get(e.fingerprint) for e in entries]
 
 
