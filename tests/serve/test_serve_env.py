@@ -35,7 +35,7 @@ def served(tmp_path_factory):
     for t in function_tasks(tmp / "src", per_family=1, families=["affine", "add-suffix"]):
         store.add(t)
     os.environ["TRYLOOP_TEST_SERVE_TOKEN"] = TOKEN
-    cfg = _config(tmp, auth_token_env="TRYLOOP_TEST_SERVE_TOKEN", max_sessions=2, idle_timeout_s=1.5,
+    cfg = _config(tmp, auth_token_env="TRYLOOP_TEST_SERVE_TOKEN", max_sessions=2, idle_timeout_s=2.5,
                   disconnect_grace_s=1.0)
     tasks = served_tasks(cfg)
     try:
@@ -202,3 +202,31 @@ def test_a_client_that_vanishes_can_resume_within_the_grace_period(served):
     assert _wait_for(lambda: httpx.get(f"{url}/state", params={"session_id": gone_id},
                                        headers=_auth()).status_code == 404)
     assert _wait_for(lambda: httpx.get(f"{url}/health").json()["active_sessions"] == 0)
+
+
+def test_a_client_that_vanishes_mid_step_finds_the_result_when_it_comes_back(served):
+    url, tasks, _ = served
+    task = tasks[0]
+    first = EnvClient(url, token=TOKEN)
+    sid = first.reset(task.id).observation["session_id"]
+    first._ws.send(json.dumps({"type": "step", "data": {"tool_calls": [
+        {"name": "shell", "arguments": {"command": "sleep 1; echo slept"}}]}}))
+    first._ws.close()     # gone before the reply
+    with EnvClient(url, token=TOKEN, session_id=sid) as again:
+        assert _wait_for(lambda: again.state()["last"]["observation"]["turn"] == 1)
+        last = again.state()["last"]["observation"]
+        assert "slept" in last["results"][0]["content"]
+        time.sleep(1.5)   # past the grace period: the session is this connection's now, not reaped
+        r = again.step(_answer(task))
+        assert r.done and r.verdict["state"] == "pass"
+
+
+def test_an_oversized_websocket_message_closes_the_connection_not_the_server(served):
+    from websockets.exceptions import ConnectionClosed
+
+    url, tasks, _ = served
+    env = EnvClient(url, token=TOKEN).connect()
+    with pytest.raises(ConnectionClosed) as e:
+        env._call({"type": "step", "data": {"text": "x" * (2 << 20)}})
+    assert e.value.rcvd is not None and e.value.rcvd.code == 1009
+    assert httpx.get(f"{url}/health").status_code == 200

@@ -226,8 +226,9 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                 await websocket.close(code=WS_POLICY_VIOLATION, reason=f"no open session {resume}"[:120])
                 return
         await websocket.accept()
+        me = object()       # this connection, as the owner of its session
         if session is not None:
-            session.detached_at = None
+            session.detached_at, session.owner = None, me
             session.touch()
         m.metrics.attached.inc()
         client = websocket.client.host if websocket.client else ""
@@ -250,6 +251,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                             await m.close(session, "reset")
                             session = None
                         session, reply = await m.open(req)
+                        session.owner = me
                         out = {"type": "observation", "data": reply}
                     elif kind == "step":
                         if session is None:
@@ -281,11 +283,12 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
             pass      # the client went away, maybe mid-step: what it missed is kept in the session
         finally:
             m.metrics.attached.dec()
-            if session is not None and session.id in m.sessions:
+            # A session another connection took over (a client that came back) is that one's.
+            if session is not None and session.id in m.sessions and session.owner is me:
                 if session.done and delivered:
                     await m.close(session, "done")
                 else:   # kept for disconnect_grace_s: the client may come back with ?session_id=
-                    session.detached_at = time.monotonic()
+                    session.detached_at, session.owner = time.monotonic(), None
             with contextlib.suppress(RuntimeError):
                 await websocket.close()
 

@@ -96,6 +96,7 @@ class Session:
         self.last: dict[str, Any] | None = None
         self.last_activity = time.monotonic()
         self.detached_at: float | None = None    # when its WebSocket went away (None: attached or HTTP)
+        self.owner: object | None = None         # the WebSocket connection it is attached to
         self.busy = asyncio.Lock()               # one reset/step at a time
         self._episode: asyncio.Task | None = None
 
@@ -142,6 +143,8 @@ class Session:
             return self.last
         self.done = True
         self.manager.episode_over(self)
+        if kind == "closed":
+            raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({value})")
         if kind == "error":
             raise p.ProtocolError(p.EXECUTION_ERROR, f"session {self.id}: the environment failed: {value}")
         traj: Trajectory = value
@@ -161,6 +164,7 @@ class Session:
             self._episode.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._episode
+        self.turns.events.put_nowait(("closed", self.closed_reason))   # wakes a step still waiting
 
 
 class SessionManager:
