@@ -289,7 +289,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                     await m.close(session, "done")
                 else:   # kept for disconnect_grace_s: the client may come back with ?session_id=
                     session.detached_at, session.owner = time.monotonic(), None
-            with contextlib.suppress(RuntimeError):
+            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):   # already closed
                 await websocket.close()
 
     routes = [
