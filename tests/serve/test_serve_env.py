@@ -230,3 +230,20 @@ def test_an_oversized_websocket_message_closes_the_connection_not_the_server(ser
         env._call({"type": "step", "data": {"text": "x" * (2 << 20)}})
     assert e.value.rcvd is not None and e.value.rcvd.code == 1009
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_the_session_time_limit_ends_the_episode_and_judges_it(tmp_path):
+    """serve.env.limits.wall_time_s: a client still thinking when it runs out gets the verdict of the
+    workspace as it stands (termination timeout), not a hung session."""
+    store = TaskStore(tmp_path / "tasks")
+    task = function_tasks(tmp_path / "src", per_family=1, families=["affine"])[0]
+    store.add(task)
+    cfg = _config(tmp_path, limits={"wall_time_s": 2.0, "max_turns": 5})
+    with serve_in_thread(cfg, served_tasks(cfg)) as url, EnvClient(url) as env:
+        r = env.reset(task.id)
+        if not r.done:   # (on a loaded machine the budget may already be gone when the sandbox comes)
+            time.sleep(2.5)
+            r = env.step({"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]})
+        assert r.done and r.observation["termination"] == "timeout"
+        assert r.verdict["state"] == "fail" and r.reward < 0.5
+    assert not list((tmp_path / "state" / "sandboxes").glob("*.json"))

@@ -58,9 +58,9 @@ def bearer_token(cfg_env: str | None) -> str | None:
 
 def access_logger(dest: str | None) -> logging.Logger:
     """One JSON object per line, to stderr ('-') or a file; a logger without handlers when off."""
-    log = logging.getLogger(f"tryloop.serve.access.{id(dest)}.{time.monotonic_ns()}")
+    # A logger of this server's own (not in logging's registry): its file is closed at shutdown.
+    log = logging.Logger("tryloop.serve.access", logging.INFO)
     log.propagate = False
-    log.setLevel(logging.INFO)
     if dest is not None:
         handler = logging.StreamHandler(sys.stderr) if dest == "-" else logging.FileHandler(dest)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -119,6 +119,8 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
             await mgr.aclose()
             await mgr.envs.close()
             await runtime.close_all()
+            for h in log.handlers:
+                h.close()
 
     def mgr() -> SessionManager:
         return state["mgr"]
@@ -271,6 +273,9 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                                                               "state, close)")
                 except p.ProtocolError as e:
                     code, out = e.code, {"type": "error", "data": e.body()}
+                except Exception as e:   # a fault of the server's own: answered, the connection kept
+                    code = p.EXECUTION_ERROR
+                    out = {"type": "error", "data": {"message": f"{type(e).__name__}: {e}", "code": code}}
                 if session is not None:
                     session.touch()
                 log.info(json.dumps({"ts": round(time.time(), 3), "kind": "ws", "type": kind, "code": code,
