@@ -18,6 +18,7 @@ def served(tmp_path):
         store.add(t)
     cfg = TryloopConfig.model_validate({
         "tasks": {"store_url": str(tmp_path / "tasks")},
+        "store": {"trajectories_url": str(tmp_path / "trajectories")},
         "runtime": {"store_dir": str(tmp_path / "rt"), "state_dir": str(tmp_path / "state"),
                     "cgroup_name": "tryloop-test"},
         "serve": {"env": {"port": 0, "access_log": None}}})   # OpenEnv's client sends no token

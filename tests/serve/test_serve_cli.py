@@ -23,6 +23,7 @@ def _config(tmp: Path, **serve_env) -> Path:
     path = tmp / "tryloop.yaml"
     path.write_text(yaml.safe_dump({
         "tasks": {"store_url": str(tmp / "tasks")},
+        "store": {"trajectories_url": str(tmp / "trajectories")},
         "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": "tryloop-test"},
         "serve": {"env": {"port": 0, **serve_env}}}))
     return path

@@ -12,6 +12,7 @@ from websockets.exceptions import InvalidStatus
 from tryloop.config import TryloopConfig
 from tryloop.serve.client import EnvClient, GymEnv, ServeError
 from tryloop.serve.server import serve_in_thread, served_tasks
+from tryloop.store.trajectories import TrajectoryStore
 from tryloop.tasks.sources.functions import function_tasks
 from tryloop.tasks.store import TaskStore
 
@@ -21,6 +22,7 @@ TOKEN = "s3cret-test-token"
 def _config(tmp, **serve_env) -> TryloopConfig:
     return TryloopConfig.model_validate({
         "tasks": {"store_url": str(tmp / "tasks")},
+        "store": {"trajectories_url": str(tmp / "trajectories")},
         "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": "tryloop-test"},
         "serve": {"env": {"port": 0, "access_log": str(tmp / "access.log"), **serve_env}}})
 
@@ -68,7 +70,7 @@ def _wait_for(pred, timeout=10.0):
 
 
 def test_an_episode_over_the_websocket_is_judged_by_the_verifier(served):
-    url, tasks, _ = served
+    url, tasks, tmp = served
     task = tasks[0]
     with EnvClient(url, token=TOKEN) as env:
         r = env.reset(task.id)
@@ -85,6 +87,12 @@ def test_an_episode_over_the_websocket_is_judged_by_the_verifier(served):
         assert v["state"] == "pass" and v["termination"] == "submitted"
         assert v["components"] and v["version"] and v["flags"] == []
         assert env.state()["done"] and env.state()["step_count"] == 2
+    # recorded in the trajectory store before the reply, as eval records its episodes
+    run_id = httpx.get(f"{url}/metadata", headers=_auth()).json()["run_id"]
+    stored = [t for t in TrajectoryStore(tmp / "trajectories").read(run_id=run_id)
+              if t.episode_id == obs["episode_id"]]
+    assert len(stored) == 1 and stored[0].verdict == "pass" and stored[0].task_id == task.id
+    assert [c.name for c in stored[0].turns[-1].tool_calls] == ["write", "submit"]
 
 
 def test_a_wrong_answer_fails_and_the_gym_wrapper_reports_it(served):

@@ -218,8 +218,11 @@ def run(cfg: TryloopConfig, *, sessions: int, steps: int, verify: int, out: Path
                                                 "idle_timeout_s": 600.0,
                                                 "limits": cfg.serve.env.limits.model_copy(
                                                     update={"max_turns": steps + 2})})
-        bcfg = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"env": scfg}),
-                                      "tasks": cfg.tasks.model_copy(update={"store_url": str(Path(tmp) / "tasks")})})
+        # Tasks and recorded episodes live in the temporary directory: nothing is left behind.
+        bcfg = cfg.model_copy(update={
+            "serve": cfg.serve.model_copy(update={"env": scfg}),
+            "tasks": cfg.tasks.model_copy(update={"store_url": str(Path(tmp) / "tasks")}),
+            "store": cfg.store.model_copy(update={"trajectories_url": str(Path(tmp) / "trajectories")})})
         with console.status(f"served: {sessions} sessions at once ..."):
             t0 = time.perf_counter()
             with serve_in_thread(bcfg, tasks) as url:

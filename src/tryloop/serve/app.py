@@ -110,7 +110,13 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         registry = CollectorRegistry()      # the pools' metrics are served with the sessions'
         envs = Environments(runtime, per_task=scfg.pool_per_task, registry=registry,
                             max_live=scfg.max_sessions + scfg.pool_per_task)
-        mgr = SessionManager(scfg, tasks, envs, spec=cfg.rewards.spec, registry=registry)
+        store = None
+        if scfg.record:
+            from tryloop.store.trajectories import TrajectoryStore
+
+            store = TrajectoryStore(cfg.store.trajectories_url)
+        mgr = SessionManager(scfg, tasks, envs, spec=cfg.rewards.spec, registry=registry, store=store,
+                             run_id=scfg.run_id or f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
         mgr.start()
         state["mgr"] = mgr
         try:
@@ -183,6 +189,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
             "tasks": [{"id": t.id, "fingerprint": t.fingerprint(), "environment": t.meta.environment}
                       for t in tasks],
             "limits": mgr().limits.model_dump(), "max_sessions": scfg.max_sessions,
+            "run_id": mgr().run_id if mgr().store is not None else None,
             "idle_timeout_s": scfg.idle_timeout_s, "disconnect_grace_s": scfg.disconnect_grace_s})
 
     async def schema(request: Request) -> Response:

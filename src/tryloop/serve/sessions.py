@@ -104,7 +104,7 @@ class Session:
         self.last_activity = time.monotonic()
 
     async def start(self) -> dict[str, Any]:
-        req = EpisodeRequest(episode_id=self.episode_id, task=self.task, run_id="serve",
+        req = EpisodeRequest(episode_id=self.episode_id, task=self.task, run_id=self.manager.run_id,
                              meta={"session_id": self.id})
         self._episode = asyncio.ensure_future(self._run(req))
         return await self._next()
@@ -113,6 +113,8 @@ class Session:
         m = self.manager
         try:
             traj = await run_episode(req, _ClientPolicy(self.turns), m.envs, limits=m.limits, spec=m.spec)
+            if m.store is not None:   # durable before the client hears the verdict, as in eval
+                await asyncio.to_thread(m.store.write, [traj])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an infrastructure fault: the client is told, the session ends
@@ -171,13 +173,18 @@ class SessionManager:
     """The open sessions, their limit and their reaping."""
 
     def __init__(self, cfg: ServeEnvConfig, tasks: list[Task], envs: Environments, *,
-                 spec: RewardSpec | None = None, registry: CollectorRegistry | None = None):
+                 spec: RewardSpec | None = None, registry: CollectorRegistry | None = None,
+                 store: Any = None, run_id: str = "serve"):
+        """`store`: a TrajectoryStore that judged episodes are written to (None: not recorded),
+        filed under `run_id`."""
         if not tasks:
             raise ValueError("no tasks to serve")
         self.cfg = cfg
         self.tasks = tasks
         self.envs = envs
         self.spec = spec
+        self.store = store
+        self.run_id = run_id
         # The client's silence is the reaper's to judge (idle_timeout_s); the episode itself only
         # ends a wait for the client at its wall-clock budget.
         self.limits: EpisodeLimits = cfg.limits.model_copy(update={"turn_timeout_s": cfg.limits.wall_time_s})
