@@ -34,8 +34,8 @@ def test_serve_env_serves_and_stops_on_sigint(tmp_path):
     task = function_tasks(tmp_path / "src", per_family=1, families=["affine"])[0]
     store.add(task)
     cfg = _config(tmp_path, access_log=str(tmp_path / "access.log"))
-    proc = subprocess.Popen([str(TRYLOOP), "serve", "env", "-c", str(cfg), "--max-sessions", "3"],
-                            stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen([str(TRYLOOP), "serve", "env", "-c", str(cfg), "--max-sessions", "3",
+                             "--run-id", "cli-run"], stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         url = None
         for line in proc.stderr:
@@ -45,6 +45,7 @@ def test_serve_env_serves_and_stops_on_sigint(tmp_path):
                 break
         assert url, "the server reports where it listens"
         assert httpx.get(f"{url}/health").json() == {"status": "healthy", "active_sessions": 0, "max_sessions": 3}
+        assert httpx.get(f"{url}/metadata").json()["run_id"] == "cli-run"
         r = httpx.post(f"{url}/reset", json={"task_id": task.id}, timeout=60)
         assert r.status_code == 200 and r.json()["observation"]["instruction"] == task.instruction
         proc.send_signal(signal.SIGINT)       # with the episode still open

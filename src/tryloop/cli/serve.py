@@ -56,6 +56,8 @@ def serve_env(
     auth_token_env: Annotated[str | None, typer.Option("--auth-token-env",
                                                        help=_help("serve.env.auth_token_env"))] = None,
     access_log: Annotated[str | None, typer.Option("--access-log", help=_help("serve.env.access_log"))] = None,
+    record: Annotated[bool | None, typer.Option("--record/--no-record", help=_help("serve.env.record"))] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help=_help("serve.env.run_id"))] = None,
     max_turns: Annotated[int | None, typer.Option("--max-turns", help=_help("serve.env.limits.max_turns"))] = None,
     wall_time: Annotated[float | None, typer.Option("--wall-time", help=_help("serve.env.limits.wall_time_s"))] = None,
     store: Annotated[str | None, typer.Option("--store", help=_help("tasks.store_url"))] = None,
@@ -68,6 +70,7 @@ def serve_env(
         "serve.env.max_sessions": max_sessions, "serve.env.pool_per_task": pool_per_task,
         "serve.env.idle_timeout_s": idle_timeout, "serve.env.disconnect_grace_s": grace,
         "serve.env.auth_token_env": auth_token_env, "serve.env.access_log": access_log,
+        "serve.env.record": record, "serve.env.run_id": run_id,
         "serve.env.limits.max_turns": max_turns, "serve.env.limits.wall_time_s": wall_time,
         "tasks.store_url": store})
     run_cli(_serve, cfg)

@@ -34,8 +34,8 @@ class ServeEnvConfig(_Model):
                                                     "WebSocket message: a file path, '-' for stderr, null: off")
     record: bool = Field(True, description="write each judged episode to the trajectory store "
                                            "(store.trajectories_url) before its done reply")
-    run_id: str | None = Field(None, min_length=1, description="run id the recorded episodes are filed under "
-                                                              "(default: serve-<start time>)")
+    run_id: str | None = Field(None, min_length=1, description="run id the recorded episodes are filed under; "
+                                                              "null: serve-<start time>")
     limits: EpisodeLimits = Field(default_factory=lambda: EpisodeLimits(max_turns=30, wall_time_s=1800.0),
                                   description="per-episode limits: max_turns, wall_time_s (the session's time "
                                               "limit), shell_timeout_s, output_chars")
