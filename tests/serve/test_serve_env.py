@@ -255,3 +255,23 @@ def test_the_session_time_limit_ends_the_episode_and_judges_it(tmp_path):
         assert r.done and r.observation["termination"] == "timeout"
         assert r.verdict["state"] == "fail" and r.reward < 0.5
     assert not list((tmp_path / "state" / "sandboxes").glob("*.json"))
+
+
+def test_closing_a_session_mid_step_answers_the_step_and_frees_the_room(served):
+    import threading
+
+    url, tasks, _ = served
+    with httpx.Client(base_url=url, headers=_auth(), timeout=60) as http:
+        sid = http.post("/reset", json={"task_id": tasks[0].id}).json()["observation"]["session_id"]
+        replies = []
+        slow = {"session_id": sid, "action": {"tool_calls": [{"name": "shell",
+                                                               "arguments": {"command": "sleep 5"}}]}}
+        t = threading.Thread(target=lambda: replies.append(http.post("/step", json=slow)))
+        t.start()
+        time.sleep(0.5)
+        assert http.post("/close", json={"session_id": sid}).status_code == 200
+        t.join(30)
+        assert replies[0].status_code == 409 and "closed" in replies[0].json()["error"]["message"]
+    assert _wait_for(lambda: httpx.get(f"{url}/health").json()["active_sessions"] == 0)
+    time.sleep(0.3)
+    assert httpx.get(f"{url}/health").json()["active_sessions"] == 0, "counted out once, not twice"

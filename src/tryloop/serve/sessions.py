@@ -143,8 +143,9 @@ class Session:
             obs["results"] = p.results(value)
             self.last = {"observation": obs, "reward": None, "done": False}
             return self.last
-        self.done = True
-        self.manager.episode_over(self)
+        if not self.done:     # (a closed session was already counted out by the manager)
+            self.done = True
+            self.manager.episode_over(self)
         if kind == "closed":
             raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({value})")
         if kind == "error":
