@@ -73,20 +73,25 @@ async def _served(url: str, tasks: list[Task], sessions: int, steps: int, verify
     reset_s: list[float] = []
     submit_s: list[float] = []
     verdicts: dict[str, int] = {}
-    errors: list[str] = []
     all_open = asyncio.Event()
-    opened = 0
+    pending = sessions
 
     async def one(i: int) -> None:
-        nonlocal opened
+        nonlocal pending
         task = tasks[i % len(tasks)]
-        async with AsyncEnvClient(url, timeout_s=600) as env:
+        env = AsyncEnvClient(url, timeout_s=600)
+        try:
             t0 = time.perf_counter()
             await env.reset(task.id)
             reset_s.append(time.perf_counter() - t0)
-            opened += 1
-            if opened == sessions:
+        except BaseException:
+            await env.close()
+            raise
+        finally:     # a session that failed to open must not hold the others back
+            pending -= 1
+            if pending == 0:
                 all_open.set()
+        async with env:
             await all_open.wait()          # every session is open before any step: `sessions` at once
             for action in script(task, steps):
                 t0 = time.perf_counter()
@@ -100,10 +105,7 @@ async def _served(url: str, tasks: list[Task], sessions: int, steps: int, verify
                 verdicts[state] = verdicts.get(state, 0) + 1
 
     results = await asyncio.gather(*(one(i) for i in range(sessions)), return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            errors.append(f"{type(r).__name__}: {r}")
-            all_open.set()
+    errors = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException)]
     return {"reset": summary(reset_s), "step": summary(step_s), "submit": summary(submit_s),
             "verdicts": verdicts, "errors": len(errors), "error_examples": errors[:3]}
 
