@@ -14,8 +14,9 @@ directory) and the same sandbox runtime:
                  observation; the same first `verify` episodes submit, the others are cancelled.
 
 Afterwards nothing may be left: no sandbox record in the runtime's state directory, no server
-thread (the server's shutdown closes every session). The figures depend on the machine; on a small one the step latency at
-high concurrency is mostly sandboxes and clients competing for the same cores.
+thread (the server's shutdown closes every session). The figures depend on the machine; on a
+small one the step latency at high concurrency is mostly sandboxes and clients competing for the
+same cores.
 """
 
 from __future__ import annotations
