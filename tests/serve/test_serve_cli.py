@@ -72,8 +72,6 @@ def test_bad_settings_are_named(tmp_path):
     assert r.returncode == 78 and "serve.env.auth_token_env" in r.stderr and "TRYLOOP_TEST_UNSET_TOKEN" in r.stderr
     r = _run("-c", str(cfg), "--max-sessions", "0")
     assert r.returncode == 78 and "serve.env.max_sessions" in r.stderr
-    r = _run("-c", str(cfg), "--split", "sometimes")
-    assert r.returncode == 78 and "serve.env.split" in r.stderr
     r = _run("-c", str(cfg))
     assert r.returncode == 1 and "no tasks in the task store" in r.stderr and "build-default" in r.stderr
     assert "Traceback" not in r.stderr
