@@ -93,6 +93,7 @@ class StoreConfig(_Model):
 from tryloop.eval.config import EvalConfig  # noqa: E402
 from tryloop.rewards.spec import RewardsConfig  # noqa: E402
 from tryloop.scheduler.config import SchedulerConfig  # noqa: E402
+from tryloop.serve.config import ServeConfig  # noqa: E402
 from tryloop.telemetry.metrics_http import TelemetryConfig  # noqa: E402
 from tryloop.train.run_config import TrainRunConfig  # noqa: E402
 
@@ -110,6 +111,7 @@ class TryloopConfig(_Model):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainRunConfig = Field(default_factory=TrainRunConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
 
 def _describe(err: ValidationError, source: str) -> str:
