@@ -289,11 +289,8 @@ def test_per_turn_advantages_move_each_turn_its_own_way(model):
                                 loss_mask=mask, turns=[Turn(0, ""), Turn(1, "")]))
     learner = Learner(model, TrainConfig(lr=1e-2, micro_batch=2, old_logprobs="recompute"))
 
-    def per_turn() -> list[tuple[float, float]]:
-        out = []
-        for t, lp in zip(trajs, learner.logprobs(trajs), strict=True):
-            out.append((sum(lp[3:6]), sum(lp[8:11])))
-        return out
+    def per_turn() -> list[tuple[float, float]]:   # each turn's sampled tokens (targets 3-5 and 8-10)
+        return [(sum(lp[3:6]), sum(lp[8:11])) for lp in learner.logprobs(trajs)]
 
     before = per_turn()
     for _ in range(3):
