@@ -1,0 +1,128 @@
+"""Host-wide registry of the id ranges that sandboxes' user namespaces map to.
+
+Each sandbox with a user namespace sees ids 0..65535 that are, on the host, one range
+of 65536 ids from `first` up (2**31 by default: far above any host user, below the
+invalid id 2**32 - 1). Two sandboxes must never share a range, not even two of
+different runtimes or processes: one file per range in use, created with O_EXCL, lets
+the kernel arbitrate. The file names its owner (the runtime's pid and start time) and,
+once started, the sandbox's init, so a range whose owner and init are both dead (a
+crashed runtime) is reclaimed by the next runtime's gc. The directory is on /run (a
+tmpfs): after a reboot nothing is in use, and nothing is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+from tryloop.errors import SandboxError
+
+#: Ids per sandbox: 0..65535 inside, the classic container range (nobody is 65534).
+RANGE = 1 << 16
+_LAST_ID = (1 << 32) - 2  # (uid_t)-1 is "no id" to the kernel
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of a process (clock ticks since boot), to tell pids apart after reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def _alive(pid: int | None, started: int | None) -> bool:
+    return bool(pid) and started is not None and start_time(pid) == started  # type: ignore[arg-type]
+
+
+class IdRanges:
+    """Claims, releases and reclaims id ranges in the registry `directory`."""
+
+    def __init__(self, directory: Path, first: int, owner: tuple[int, int | None]):
+        if first < RANGE or first + RANGE - 1 > _LAST_ID:
+            raise ValueError(f"id range start {first} out of bounds")
+        self.dir = Path(directory)
+        self.first = first
+        self.count = (_LAST_ID + 1 - first) // RANGE
+        self.owner = owner
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Start the search at a random range: concurrent runtimes rarely probe the same files.
+        self._next = secrets.randbelow(self.count)
+
+    def base(self, index: int) -> int:
+        """The first host id of range `index` (the host's number of the sandbox's root)."""
+        return self.first + index * RANGE
+
+    def _path(self, index: int) -> Path:
+        return self.dir / str(index)
+
+    def _write(self, fd: int, sandbox: str, init: tuple[int, int | None] | None) -> None:
+        doc = {"owner_pid": self.owner[0], "owner_start": self.owner[1], "sandbox": sandbox,
+               "init_pid": init[0] if init else None, "init_start": init[1] if init else None}
+        os.write(fd, json.dumps(doc).encode())
+
+    def claim(self, sandbox: str) -> int:
+        """Reserve a free range for `sandbox`; returns its index."""
+        for i in range(self.count):
+            index = (self._next + i) % self.count
+            try:
+                fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                continue
+            try:
+                self._write(fd, sandbox, None)
+            finally:
+                os.close(fd)
+            self._next = (index + 1) % self.count
+            return index
+        raise SandboxError(f"all {self.count} id ranges in {self.dir} are in use")
+
+    def started(self, index: int, sandbox: str, init_pid: int) -> None:
+        """Record the sandbox's init: the range stays taken while it lives, whatever its owner."""
+        fd = os.open(self._path(index), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            self._write(fd, sandbox, (init_pid, start_time(init_pid)))
+        finally:
+            os.close(fd)
+
+    def release(self, index: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(index))
+
+    def in_use(self) -> dict[int, dict]:
+        """Every claimed range and what its file says (an unreadable file: {})."""
+        out: dict[int, dict] = {}
+        for entry in os.scandir(self.dir):
+            if entry.name.isdigit():
+                try:
+                    out[int(entry.name)] = json.loads(Path(entry.path).read_bytes())
+                except (OSError, ValueError):
+                    out[int(entry.name)] = {}
+        return out
+
+    def reclaim_dead(self) -> list[int]:
+        """Release the ranges whose owner and init are both gone; returns their indices.
+
+        A file that cannot be read is a claim caught between create and write: left alone
+        for a minute, then taken for the leftover of a runtime that crashed right there.
+        """
+        freed = []
+        for index, doc in self.in_use().items():
+            if not doc:
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() - self._path(index).stat().st_mtime > 60:
+                        self.release(index)
+                        freed.append(index)
+                continue
+            if _alive(doc.get("owner_pid"), doc.get("owner_start")):
+                continue
+            if _alive(doc.get("init_pid"), doc.get("init_start")):
+                continue
+            self.release(index)
+            freed.append(index)
+        return freed
