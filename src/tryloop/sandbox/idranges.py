@@ -37,7 +37,17 @@ def start_time(pid: int) -> int | None:
 
 
 def _alive(pid: int | None, started: int | None) -> bool:
-    return bool(pid) and started is not None and start_time(pid) == started  # type: ignore[arg-type]
+    """Whether the process that had this pid and start time still runs (a zombie does not:
+    an init that exited has no process left in its namespaces, even before it is reaped)."""
+    if not pid or started is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
 
 
 class IdRanges:

@@ -1,0 +1,55 @@
+"""The host-wide registry of sandboxes' id ranges: claims never collide, dead owners' are reclaimed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tryloop.errors import SandboxError
+from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
+
+ME = (os.getpid(), start_time(os.getpid()))
+TOP = 1 << 32
+
+
+def test_ranges_lie_above_every_host_id_and_below_the_invalid_one(tmp_path):
+    reg = IdRanges(tmp_path, 1 << 31, ME)
+    assert reg.base(0) == 1 << 31
+    assert reg.base(reg.count - 1) + RANGE - 1 <= TOP - 2  # (uid_t)-1 is never handed out
+    with pytest.raises(ValueError):
+        IdRanges(tmp_path, TOP - RANGE, ME)
+
+
+def test_concurrent_registries_never_hand_out_one_range_twice(tmp_path):
+    """Two runtimes (two registries on one directory) claiming at once, from many threads."""
+    regs = [IdRanges(tmp_path, TOP - 9 * RANGE, ME) for _ in range(2)]  # 8 ranges only: contention
+    assert regs[0].count == 8
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: regs[i % 2].claim(f"sb{i}"), range(8)))
+    assert sorted(got) == list(range(8))
+    with pytest.raises(SandboxError, match="in use"):
+        regs[0].claim("one too many")
+    regs[1].release(got[3])
+    assert regs[0].claim("again") == got[3]
+
+
+def test_dead_owners_ranges_are_reclaimed_live_ones_kept(tmp_path):
+    reg = IdRanges(tmp_path, 1 << 31, ME)
+    mine = reg.claim("live")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    orphan = IdRanges(tmp_path, 1 << 31, (dead_pid, 12345))
+    crashed = orphan.claim("crashed")
+    # A dead owner whose sandbox's init still runs keeps its range until the init is gone.
+    held = orphan.claim("init still running")
+    orphan.started(held, "init still running", os.getpid())
+    assert json.loads((tmp_path / str(held)).read_text())["init_pid"] == os.getpid()
+    assert reg.reclaim_dead() == [crashed]
+    assert set(reg.in_use()) == {mine, held}
+    reg.release(mine)
+    assert set(reg.in_use()) == {held}
