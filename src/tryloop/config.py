@@ -57,7 +57,7 @@ class RuntimeConfig(_Model):
         "auto", description="a user namespace per sandbox, its ids 0..65535 mapped to a host range no host user "
                             "has: auto = where the host allows (`tryloop sandbox doctor` says what it found), "
                             "on = required (the runtime refuses to start without), off = never (logged)")
-    id_ranges_first: int = Field(1 << 31, ge=1 << 16, le=(1 << 32) - (1 << 17),
+    id_ranges_first: int = Field(1 << 31, ge=1 << 16, le=(1 << 32) - (1 << 17), multiple_of=1 << 16,
                                  description="first host id of the ranges handed to sandboxes (65536 ids each)")
     id_ranges_dir: Path = Field(Path("/run/tryloop-ids"),
                                 description="host-wide registry of the id ranges in use, shared by every runtime")

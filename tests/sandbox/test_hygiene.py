@@ -203,7 +203,7 @@ _OWNER = textwrap.dedent("""
             await sb.start(["sleep", "1000"])
             out["inits"].append(sb.init_pid)
             out["ids"].append(sb.id)
-            out["ranges"].append(sb.id_range)
+            out["ranges"].append(sb.id_base)
         print(json.dumps(out), flush=True)
         await asyncio.Event().wait()
 

@@ -19,10 +19,20 @@ TOP = 1 << 32
 
 def test_ranges_lie_above_every_host_id_and_below_the_invalid_one(tmp_path):
     reg = IdRanges(tmp_path, 1 << 31, ME)
-    assert reg.base(0) == 1 << 31
-    assert reg.base(reg.count - 1) + RANGE - 1 <= TOP - 2  # (uid_t)-1 is never handed out
-    with pytest.raises(ValueError):
-        IdRanges(tmp_path, TOP - RANGE, ME)
+    bases = {reg.claim(f"sb{i}") for i in range(reg.count)}
+    assert len(bases) == reg.count == 32767
+    assert min(bases) == 1 << 31 and all(b % RANGE == 0 for b in bases)
+    assert max(bases) + RANGE - 1 <= TOP - 2  # (uid_t)-1 is never handed out
+    for bad in (TOP - RANGE, (1 << 31) + 1):
+        with pytest.raises(ValueError):
+            IdRanges(tmp_path, bad, ME)
+
+
+def test_runtimes_with_different_first_ids_never_overlap(tmp_path):
+    low, high = IdRanges(tmp_path, 1 << 31, ME), IdRanges(tmp_path, (1 << 31) + 4 * RANGE, ME)
+    low._next, high._next = 4, 0  # both now aim at the range from 2**31 + 4 * 65536
+    assert high.claim("a") == (1 << 31) + 4 * RANGE
+    assert low.claim("b") == (1 << 31) + 5 * RANGE
 
 
 def test_concurrent_registries_never_hand_out_one_range_twice(tmp_path):
@@ -31,7 +41,7 @@ def test_concurrent_registries_never_hand_out_one_range_twice(tmp_path):
     assert regs[0].count == 8
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda i: regs[i % 2].claim(f"sb{i}"), range(8)))
-    assert sorted(got) == list(range(8))
+    assert sorted(got) == [TOP - 9 * RANGE + i * RANGE for i in range(8)]
     with pytest.raises(SandboxError, match="in use"):
         regs[0].claim("one too many")
     regs[1].release(got[3])

@@ -75,15 +75,20 @@ def _uid_range(pid: int) -> tuple[int, int]:
 
 
 def _host_pid_of(sb, proc) -> int:
-    """The host pid of a command (its pid inside is another number): the cgroup's member
-    whose status names it as the sandbox pid."""
-    for pid in sb.cgroup.pids():
+    """The host pid of a command (inside it has another number): the process in the
+    sandbox's pid namespace whose innermost pid is the command's."""
+    ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         with contextlib.suppress(OSError):
-            status = Path(f"/proc/{pid}/status").read_text()
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != ns:
+                continue
+            status = Path(f"/proc/{entry.name}/status").read_text()
             nspid = next(line for line in status.splitlines() if line.startswith("NSpid:")).split()
-            if int(nspid[-1]) == proc.pid and Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                return pid
-    raise AssertionError(f"command {proc.pid} of {sb.id} not found in its cgroup")
+            if int(nspid[-1]) == proc.pid:
+                return int(entry.name)
+    raise AssertionError(f"command {proc.pid} of {sb.id} not found on the host")
 
 
 async def test_agent_uid_is_no_host_users_uid(runtime):

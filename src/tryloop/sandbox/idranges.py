@@ -3,8 +3,9 @@
 Each sandbox with a user namespace sees ids 0..65535 that are, on the host, one range
 of 65536 ids from `first` up (2**31 by default: far above any host user, below the
 invalid id 2**32 - 1). Two sandboxes must never share a range, not even two of
-different runtimes or processes: one file per range in use, created with O_EXCL, lets
-the kernel arbitrate. The file names its owner (the runtime's pid and start time) and,
+different runtimes or processes: one file per range in use, named by its first host
+id and created with O_EXCL, lets the kernel arbitrate (ranges start at multiples of
+65536, so runtimes configured with different `first` still never overlap). The file names its owner (the runtime's pid and start time) and,
 once started, the sandbox's init, so a range whose owner and init are both dead (a
 crashed runtime) is reclaimed by the next runtime's gc. The directory is on /run (a
 tmpfs): after a reboot nothing is in use, and nothing is.
@@ -54,8 +55,8 @@ class IdRanges:
     """Claims, releases and reclaims id ranges in the registry `directory`."""
 
     def __init__(self, directory: Path, first: int, owner: tuple[int, int | None]):
-        if first < RANGE or first + RANGE - 1 > _LAST_ID:
-            raise ValueError(f"id range start {first} out of bounds")
+        if first < RANGE or first + RANGE - 1 > _LAST_ID or first % RANGE:
+            raise ValueError(f"id range start {first}: not a multiple of {RANGE} in [{RANGE}, {_LAST_ID - RANGE + 1}]")
         self.dir = Path(directory)
         self.first = first
         self.count = (_LAST_ID + 1 - first) // RANGE
@@ -64,12 +65,8 @@ class IdRanges:
         # Start the search at a random range: concurrent runtimes rarely probe the same files.
         self._next = secrets.randbelow(self.count)
 
-    def base(self, index: int) -> int:
-        """The first host id of range `index` (the host's number of the sandbox's root)."""
-        return self.first + index * RANGE
-
-    def _path(self, index: int) -> Path:
-        return self.dir / str(index)
+    def _path(self, base: int) -> Path:
+        return self.dir / str(base)
 
     def _write(self, fd: int, sandbox: str, init: tuple[int, int | None] | None) -> None:
         doc = {"owner_pid": self.owner[0], "owner_start": self.owner[1], "sandbox": sandbox,
@@ -77,11 +74,13 @@ class IdRanges:
         os.write(fd, json.dumps(doc).encode())
 
     def claim(self, sandbox: str) -> int:
-        """Reserve a free range for `sandbox`; returns its index."""
+        """Reserve a free range for `sandbox`; returns its first host id (the host's number
+        of the sandbox's root)."""
         for i in range(self.count):
             index = (self._next + i) % self.count
+            base = self.first + index * RANGE
             try:
-                fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                fd = os.open(self._path(base), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:
                 continue
             try:
@@ -89,23 +88,23 @@ class IdRanges:
             finally:
                 os.close(fd)
             self._next = (index + 1) % self.count
-            return index
+            return base
         raise SandboxError(f"all {self.count} id ranges in {self.dir} are in use")
 
-    def started(self, index: int, sandbox: str, init_pid: int) -> None:
+    def started(self, base: int, sandbox: str, init_pid: int) -> None:
         """Record the sandbox's init: the range stays taken while it lives, whatever its owner."""
-        fd = os.open(self._path(index), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        fd = os.open(self._path(base), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
         try:
             self._write(fd, sandbox, (init_pid, start_time(init_pid)))
         finally:
             os.close(fd)
 
-    def release(self, index: int) -> None:
+    def release(self, base: int) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(index))
+            os.unlink(self._path(base))
 
     def in_use(self) -> dict[int, dict]:
-        """Every claimed range and what its file says (an unreadable file: {})."""
+        """Every claimed range (by first host id) and what its file says (unreadable: {})."""
         out: dict[int, dict] = {}
         for entry in os.scandir(self.dir):
             if entry.name.isdigit():
@@ -116,23 +115,23 @@ class IdRanges:
         return out
 
     def reclaim_dead(self) -> list[int]:
-        """Release the ranges whose owner and init are both gone; returns their indices.
+        """Release the ranges whose owner and init are both gone; returns their first ids.
 
         A file that cannot be read is a claim caught between create and write: left alone
         for a minute, then taken for the leftover of a runtime that crashed right there.
         """
         freed = []
-        for index, doc in self.in_use().items():
+        for base, doc in self.in_use().items():
             if not doc:
                 with contextlib.suppress(FileNotFoundError):
-                    if time.time() - self._path(index).stat().st_mtime > 60:
-                        self.release(index)
-                        freed.append(index)
+                    if time.time() - self._path(base).stat().st_mtime > 60:
+                        self.release(base)
+                        freed.append(base)
                 continue
             if _alive(doc.get("owner_pid"), doc.get("owner_start")):
                 continue
             if _alive(doc.get("init_pid"), doc.get("init_start")):
                 continue
-            self.release(index)
-            freed.append(index)
+            self.release(base)
+            freed.append(base)
         return freed

@@ -192,12 +192,11 @@ class SandboxRuntime:
         lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
         sid = secrets.token_hex(6)
         lim = cfg.limits
-        id_range = self.id_ranges.claim(sid) if self.id_ranges is not None else None
-        id_base = self.id_ranges.base(id_range) if self.id_ranges is not None and id_range is not None else 0
+        id_base = self.id_ranges.claim(sid) if self.id_ranges is not None else 0
         try:
-            self._write_record(sid, id_range)
+            self._write_record(sid, id_base)
         except BaseException:
-            self._release_range(id_range)
+            self._release_range(id_base)
             raise
         cg = None
         parent_sock = child_sock = None
@@ -227,7 +226,7 @@ class SandboxRuntime:
             parent_sock.setblocking(False)
             env = dict(image.env)
             env.update(cfg.env)
-            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base, id_range=id_range)
+            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base)
             parent_sock = None
             try:
                 await sb._handshake(timeout)
@@ -241,9 +240,9 @@ class SandboxRuntime:
             finally:
                 _reap(launcher)
                 launcher = 0
-            if id_range is not None and self.id_ranges is not None:
+            if id_base and self.id_ranges is not None:
                 # From here the range is held while the init lives, even past our own death.
-                self.id_ranges.started(id_range, sid, sb.init_pid)
+                self.id_ranges.started(id_base, sid, sb.init_pid)
             self._live[sid] = sb
             return sb
         except BaseException:
@@ -256,12 +255,12 @@ class SandboxRuntime:
                 with contextlib.suppress(Exception):
                     cg.remove()
             self._remove_record(sid)
-            self._release_range(id_range)
+            self._release_range(id_base)
             raise
 
-    def _release_range(self, id_range: int | None) -> None:
-        if id_range is not None and self.id_ranges is not None:
-            self.id_ranges.release(id_range)
+    def _release_range(self, id_base: int) -> None:
+        if id_base and self.id_ranges is not None:
+            self.id_ranges.release(id_base)
 
     def _forget(self, sb: Sandbox) -> None:
         # The init has been reaped: every process of the sandbox is gone with it (pid 1 of
@@ -271,7 +270,7 @@ class SandboxRuntime:
             sb.cgroup.remove()
         finally:
             self._remove_record(sb.id)
-            self._release_range(sb.id_range)
+            self._release_range(sb.id_base)
 
     @property
     def live(self) -> list[Sandbox]:
@@ -282,9 +281,9 @@ class SandboxRuntime:
 
     # ---- crash records and garbage collection ------------------------------
 
-    def _write_record(self, sid: str, id_range: int | None = None) -> None:
+    def _write_record(self, sid: str, id_base: int = 0) -> None:
         data = json.dumps({"id": sid, "owner_pid": self._me[0], "owner_start": self._me[1],
-                           "cgroup": sid, "id_range": id_range, "created": time.time()})
+                           "cgroup": sid, "id_base": id_base, "created": time.time()})
         fd = os.open(self.records_dir / f"{sid}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data.encode())

@@ -46,12 +46,11 @@ class Sandbox:
 
     def __init__(self, runtime: SandboxRuntime, sid: str, snapshot: Snapshot, config: SandboxConfig,
                  env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket, *,
-                 id_base: int = 0, id_range: int | None = None):
+                 id_base: int = 0):
         self.runtime = runtime
         self.id = sid
         # With a user namespace, id N inside is host id id_base + N; 0: no user namespace.
         self.id_base = id_base
-        self.id_range = id_range
         self.snapshot = snapshot
         self.config = config
         self._base_env = env
