@@ -68,10 +68,6 @@ class IdRanges:
     def _path(self, base: int) -> Path:
         return self.dir / str(base)
 
-    def _write(self, fd: int, sandbox: str, init: tuple[int, int | None] | None) -> None:
-        doc = {"owner_pid": self.owner[0], "owner_start": self.owner[1], "sandbox": sandbox,
-               "init_pid": init[0] if init else None, "init_start": init[1] if init else None}
-        os.write(fd, json.dumps(doc).encode())
 
     def claim(self, sandbox: str) -> int:
         """Reserve a free range for `sandbox`; returns its first host id (the host's number
@@ -84,7 +80,8 @@ class IdRanges:
             except FileExistsError:
                 continue
             try:
-                self._write(fd, sandbox, None)
+                doc = {"owner_pid": self.owner[0], "owner_start": self.owner[1], "sandbox": sandbox}
+                os.write(fd, json.dumps(doc).encode() + b"\n")
             finally:
                 os.close(fd)
             self._next = (index + 1) % self.count
@@ -92,10 +89,16 @@ class IdRanges:
         raise SandboxError(f"all {self.count} id ranges in {self.dir} are in use")
 
     def started(self, base: int, sandbox: str, init_pid: int) -> None:
-        """Record the sandbox's init: the range stays taken while it lives, whatever its owner."""
-        fd = os.open(self._path(base), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        """Record the sandbox's init: the range stays taken while it lives, whatever its owner.
+
+        Appended as a second line, never rewritten: a file truncated and written again
+        makes ext4 (where /run may live) allocate its blocks at once, and unlinking it
+        then costs milliseconds.
+        """
+        fd = os.open(self._path(base), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
-            self._write(fd, sandbox, (init_pid, start_time(init_pid)))
+            doc = {"init_pid": init_pid, "init_start": start_time(init_pid)}
+            os.write(fd, json.dumps(doc).encode() + b"\n")
         finally:
             os.close(fd)
 
@@ -108,10 +111,13 @@ class IdRanges:
         out: dict[int, dict] = {}
         for entry in os.scandir(self.dir):
             if entry.name.isdigit():
+                doc: dict = {}
                 try:
-                    out[int(entry.name)] = json.loads(Path(entry.path).read_bytes())
+                    for line in Path(entry.path).read_bytes().splitlines():
+                        doc.update(json.loads(line))
                 except (OSError, ValueError):
-                    out[int(entry.name)] = {}
+                    doc = {}
+                out[int(entry.name)] = doc
         return out
 
     def reclaim_dead(self) -> list[int]:
