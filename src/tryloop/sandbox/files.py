@@ -21,12 +21,11 @@ import ctypes
 import os
 import stat as _stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from tryloop.config import SandboxConfig
 from tryloop.errors import PathOutsideSandbox, SandboxError
-
-if TYPE_CHECKING:
-    from tryloop.sandbox.sandbox import Sandbox
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (new syscall table)
 RESOLVE_NO_XDEV = 0x01
@@ -123,10 +122,23 @@ _READ = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 _WRITE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 
 
+class FileRoot(Protocol):
+    """What the file API needs of a sandbox (a `Sandbox`); declared here so that this
+    module does not import the one that uses it."""
+
+    id: str
+    config: SandboxConfig
+    id_base: int
+
+    def root_dir(self) -> Path: ...
+    def host_id(self, sandbox_id: int) -> int: ...
+    def sandbox_id(self, host_id: int) -> int: ...
+
+
 class SandboxFiles:
     """read / write / list / stat inside one sandbox (see the module docstring)."""
 
-    def __init__(self, sandbox: Sandbox):
+    def __init__(self, sandbox: FileRoot):
         self._sb = sandbox
 
     def _agent(self) -> tuple[int, int]:

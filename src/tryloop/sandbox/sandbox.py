@@ -20,20 +20,30 @@ import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from tryloop.config import SandboxConfig
 from tryloop.errors import SandboxClosed, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox.files import FileInfo, SandboxFiles
-from tryloop.sandbox.layers import OVERFLOW_ID, Snapshot
+from tryloop.sandbox.layers import OVERFLOW_ID, LayerStore, Snapshot
 from tryloop.sandbox.process import ExecResult, OutputCallback, Process, _failure_result, _Stream
 
 if TYPE_CHECKING:
     from tryloop.sandbox.cgroups import SandboxCgroup
-    from tryloop.sandbox.runtime import SandboxRuntime
 
 Command = str | Sequence[str]
+
+
+class SandboxOwner(Protocol):
+    """What a sandbox needs of the runtime that made it (a `SandboxRuntime`); declared
+    here so that this module does not import the one that uses it."""
+
+    store: LayerStore
+
+    async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
+                     *, timeout: float = 10.0) -> Sandbox: ...
+    def _forget(self, sb: Sandbox) -> None: ...
 
 
 class Sandbox:
@@ -44,7 +54,7 @@ class Sandbox:
     capabilities, no_new_privs and a seccomp filter, inside private namespaces.
     """
 
-    def __init__(self, runtime: SandboxRuntime, sid: str, snapshot: Snapshot, config: SandboxConfig,
+    def __init__(self, runtime: SandboxOwner, sid: str, snapshot: Snapshot, config: SandboxConfig,
                  env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket, *,
                  id_base: int = 0):
         self.runtime = runtime
