@@ -62,3 +62,11 @@ def test_dead_owners_ranges_are_reclaimed_live_ones_kept(tmp_path):
     assert set(reg.in_use()) == {mine, held}
     reg.release(mine)
     assert set(reg.in_use()) == {held}
+
+
+def test_a_registry_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "ids"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # a host user could delete claims and make two sandboxes share ids
+    with pytest.raises(SandboxError, match="writable by it alone"):
+        IdRanges(shared, 1 << 31, ME)

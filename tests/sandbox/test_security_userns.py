@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tryloop.config import RuntimeConfig, SandboxConfig
+from tryloop.errors import SandboxError
 from tryloop.sandbox.images import Image, image_id
 from tryloop.sandbox.layers import Snapshot
 
@@ -188,3 +189,10 @@ async def test_root_inside_cannot_write_host_files_on_a_shared_bind(runtime, tmp
     assert victim.read_text() == "original\n", "root inside wrote a host file"
     assert not (host_dir / "planted").exists(), "root inside created a file in a host directory"
     assert st.st_mode & 0o7777 == 0o755, f"root inside changed a host file's mode to {st.st_mode:o}"
+
+
+async def test_agent_ids_outside_the_namespace_are_refused(runtime):
+    """An agent uid the namespace does not map would run every command as the overflow id."""
+    with pytest.raises(SandboxError, match="0..65535"):
+        await runtime.create(config=SandboxConfig(uid=70000, gid=70000))
+    assert not runtime.live

@@ -62,6 +62,11 @@ class IdRanges:
         self.count = (_LAST_ID + 1 - first) // RANGE
         self.owner = owner
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Whoever can write the registry can make two sandboxes share ids: only its owner.
+        st = self.dir.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise SandboxError(f"id range registry {self.dir} must belong to uid {os.geteuid()} and be "
+                               f"writable by it alone (owner {st.st_uid}, mode {st.st_mode & 0o777:o})")
         # Start the search at a random range: concurrent runtimes rarely probe the same files.
         self._next = secrets.randbelow(self.count)
 

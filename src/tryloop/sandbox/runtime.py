@@ -33,7 +33,7 @@ from tryloop.errors import HostUnsupported, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
-from tryloop.sandbox.idranges import IdRanges, start_time
+from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
 from tryloop.sandbox.images import Image, host_image, load_image
 from tryloop.sandbox.layers import LayerStore, Snapshot
 from tryloop.sandbox.native import build_init
@@ -187,6 +187,9 @@ class SandboxRuntime:
                      *, timeout: float = 10.0) -> Sandbox:
         """Start a sandbox whose files are exactly `snapshot` (default: the bare host image)."""
         cfg = config or SandboxConfig()
+        if self.id_ranges is not None and max(cfg.uid, cfg.gid) >= RANGE:
+            raise SandboxError(f"agent uid {cfg.uid} / gid {cfg.gid}: a sandbox's user namespace maps ids "
+                               f"0..{RANGE - 1} only")
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
         lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
