@@ -41,6 +41,7 @@ from tryloop.sandbox.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class GcReport:
     records: int = 0
@@ -103,7 +104,7 @@ class SandboxRuntime:
         if mode == "off":
             self.user_namespaces_detail = "off (runtime.user_namespaces: off)"
             log.warning("sandboxes run without a user namespace (runtime.user_namespaces: off): "
-                        "the agent's uid %s is the host's uid of the same number", SandboxConfig().uid)
+                        "the agent's uid is the host's uid of the same number")
             return None
         ok, self.user_namespaces_detail = user_namespace_support(self.config)
         if not ok:  # "on" was refused by require_host: this is "auto"
