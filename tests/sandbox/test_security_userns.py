@@ -194,5 +194,6 @@ async def test_root_inside_cannot_write_host_files_on_a_shared_bind(runtime, tmp
 async def test_agent_ids_outside_the_namespace_are_refused(runtime):
     """An agent uid the namespace does not map would run every command as the overflow id."""
     with pytest.raises(SandboxError, match="0..65535"):
-        await runtime.create(config=SandboxConfig(uid=70000, gid=70000))
+        sb = await runtime.create(config=SandboxConfig(uid=70000, gid=70000))
+        await sb.close()  # not refused: close it before the test fails
     assert not runtime.live
