@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,23 @@ def test_a_registry_others_can_write_is_refused(tmp_path):
     shared.chmod(0o777)  # a host user could delete claims and make two sandboxes share ids
     with pytest.raises(SandboxError, match="writable by it alone"):
         IdRanges(shared, 1 << 31, ME)
+
+
+_CLAIMER = """
+import json, os, sys
+from pathlib import Path
+from tryloop.sandbox.idranges import IdRanges, start_time
+reg = IdRanges(Path(sys.argv[1]), int(sys.argv[2]), (os.getpid(), start_time(os.getpid())))
+print(json.dumps([reg.claim(f"p{os.getpid()}-{i}") for i in range(int(sys.argv[3]))]))
+"""
+
+
+def test_concurrent_processes_never_share_a_range(tmp_path):
+    """Runtimes are separate processes: four claim at once from one registry with room
+    for exactly what they ask, each starting its search somewhere random."""
+    first, per = TOP - 201 * RANGE, 50  # 200 ranges
+    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, str(tmp_path), str(first), str(per)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    got = [b for p in procs for b in json.loads(p.communicate(timeout=60)[0])]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(got) == len(set(got)) == 200

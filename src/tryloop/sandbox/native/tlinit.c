@@ -105,7 +105,7 @@ static struct {
     char *seccomp_path;
     int net;                    /* 1: share host network */
     uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
-    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* idmapped mounts made by the launcher */
+    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* mounts made by the launcher (layers idmapped) */
     uint64_t quota, shm;
     uint64_t lifetime_ms;
 } cfg;
@@ -420,7 +420,7 @@ static void setup_root(void) {
     }
     /* Lower layers and bind sources are bound into the staging root so that a
      * reset, after pivot_root, can mount them again without the host's tree. With a
-     * user namespace they are the launcher's idmapped mounts, moved in. */
+     * user namespace they are the launcher's mounts (layers idmapped), moved in. */
     for (int i = 0; i < cfg.nlower; i++) {
         snprintf(path, sizeof path, "%s/layers/%d", stage, i);
         if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
