@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -53,6 +53,14 @@ class RuntimeConfig(_Model):
                                     description="tmpfs for layers frozen from live sandboxes (snapshot, fork); "
                                                 "None keeps them on disk")
     cgroup_name: str = Field("tryloop", pattern=r"^[A-Za-z0-9_.-]+$", description="parent cgroup of all sandboxes")
+    user_namespaces: Literal["auto", "on", "off"] = Field(
+        "auto", description="a user namespace per sandbox, its ids 0..65535 mapped to a host range no host user "
+                            "has: auto = where the host allows (`tryloop sandbox doctor` says what it found), "
+                            "on = required (the runtime refuses to start without), off = never (logged)")
+    id_ranges_first: int = Field(1 << 31, ge=1 << 16, le=(1 << 32) - (1 << 17), multiple_of=1 << 16,
+                                 description="first host id of the ranges handed to sandboxes (65536 ids each)")
+    id_ranges_dir: Path = Field(Path("/run/tryloop-ids"),
+                                description="host-wide registry of the id ranges in use, shared by every runtime")
 
 
 class PoolConfig(_Model):
