@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine (as root) for tryloop: system packages,
 # a virtual environment in .venv and the package itself in editable mode.
-# Usage: bash scripts/setup.sh [extras]   (extras default: dev,tasks,train,data,ray)
+# Usage: bash scripts/setup.sh [extras]   (extras default: dev,tasks,train,data,ray,serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-dev,tasks,train,data,ray}"
+extras="${1:-dev,tasks,train,data,ray,serve}"
 
 need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc libc6-dev)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -53,6 +53,14 @@ class RuntimeConfig(_Model):
                                     description="tmpfs for layers frozen from live sandboxes (snapshot, fork); "
                                                 "None keeps them on disk")
     cgroup_name: str = Field("tryloop", pattern=r"^[A-Za-z0-9_.-]+$", description="parent cgroup of all sandboxes")
+    user_namespaces: Literal["auto", "on", "off"] = Field(
+        "auto", description="a user namespace per sandbox, its ids 0..65535 mapped to a host range no host user "
+                            "has: auto = where the host allows (`tryloop sandbox doctor` says what it found), "
+                            "on = required (the runtime refuses to start without), off = never (logged)")
+    id_ranges_first: int = Field(1 << 31, ge=1 << 16, le=(1 << 32) - (1 << 17), multiple_of=1 << 16,
+                                 description="first host id of the ranges handed to sandboxes (65536 ids each)")
+    id_ranges_dir: Path = Field(Path("/run/tryloop-ids"),
+                                description="host-wide registry of the id ranges in use, shared by every runtime")
 
 
 class ImagesConfig(_Model):
@@ -83,7 +91,15 @@ class TasksConfig(_Model):
     gate_k: int = Field(3, ge=1, description="runs per state in the quality gate")
     time_budget_s: float = Field(60.0, gt=0, description="slowest allowed test run")
     eval_fraction: float = Field(0.25, ge=0, le=1, description="share of split groups held out for eval")
+    # The synthesized function tasks hold out half of their templates: the held-out learning zone of
+    # the bundled model (the tasks its before/after evaluation is judged on) needs >= 100 tasks.
+    eval_fraction_by_source: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        {"functions": 0.5}, description="share of split groups held out, per task source (overrides "
+                                        "eval_fraction for that source)")
     seed: int = 0
+
+    def eval_fraction_for(self, source: str | None) -> float:
+        return self.eval_fraction_by_source.get(source or "", self.eval_fraction)
 
 
 class StoreConfig(_Model):
@@ -99,6 +115,7 @@ class StoreConfig(_Model):
 from tryloop.eval.config import EvalConfig  # noqa: E402
 from tryloop.rewards.spec import RewardsConfig  # noqa: E402
 from tryloop.scheduler.config import SchedulerConfig  # noqa: E402
+from tryloop.serve.config import ServeConfig  # noqa: E402
 from tryloop.telemetry.metrics_http import TelemetryConfig  # noqa: E402
 from tryloop.train.run_config import TrainRunConfig  # noqa: E402
 
@@ -117,6 +134,7 @@ class TryloopConfig(_Model):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainRunConfig = Field(default_factory=TrainRunConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
 
 def _describe(err: ValidationError, source: str) -> str:

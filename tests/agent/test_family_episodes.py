@@ -121,6 +121,10 @@ async def test_the_trajectory_records_the_turn_each_sub_step_was_first_met(envs,
     traj = await run_episode(EpisodeRequest("stepwise", t), Stepwise(), envs)
     assert traj.verdict == "pass"
     assert traj.meta["substeps_first_met"] == {"step:rows": 1, "step:answer": 2}
+    # Each sub-step's part of the reward, for per-turn credit in training: the tests component, split.
+    parts = traj.meta["substep_rewards"]
+    assert set(parts) == {"step:rows", "step:answer"} and all(v > 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(traj.reward_components["correctness"])
     nothing = await run_episode(EpisodeRequest("nothing", t), DoNothing(), envs)
     assert nothing.meta["substeps_first_met"] == {"step:rows": None, "step:answer": None}
 

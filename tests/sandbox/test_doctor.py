@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tryloop.config import RuntimeConfig
+from tryloop.errors import HostUnsupported
 from tryloop.sandbox.doctor import checks, require_host
 
 
@@ -45,3 +50,30 @@ def test_doctor_cli_reports_missing_features_and_fails_without_root(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
     assert "MISSING" in out and "root" in out and "weaker isolation" in out
+
+
+def _userns_check(cfg: RuntimeConfig):
+    return next(c for c in checks(cfg) if c.name == "user namespace per sandbox")
+
+
+def test_user_namespaces_on_refuses_a_host_that_cannot_give_them():
+    # Layers in /proc: a filesystem without idmapped mounts, as a host's store might be.
+    cfg = RuntimeConfig(user_namespaces="on", memory_dir=Path("/proc/tryloop-nowhere"))
+    with pytest.raises(HostUnsupported, match="user namespace per sandbox") as e:
+        require_host(cfg)
+    assert "idmapped" in str(e.value)
+    auto = _userns_check(cfg.model_copy(update={"user_namespaces": "auto"}))
+    assert not auto.ok and not auto.required and "/proc/tryloop-nowhere" in auto.detail
+
+
+def test_user_namespaces_off_is_reported_and_logged(runtime_config, tmp_path, caplog):
+    from tryloop.sandbox import SandboxRuntime
+
+    cfg = RuntimeConfig(store_dir=runtime_config.store_dir, state_dir=tmp_path / "state",
+                        cgroup_name=runtime_config.cgroup_name, user_namespaces="off")
+    check = _userns_check(cfg)
+    assert not check.ok and not check.required and "off" in check.detail
+    with caplog.at_level(logging.WARNING, logger="tryloop.sandbox.runtime"):
+        rt = SandboxRuntime(cfg, gc=False)
+    assert not rt.user_namespaces
+    assert "without a user namespace (runtime.user_namespaces: off)" in caplog.text

@@ -197,12 +197,13 @@ _OWNER = textwrap.dedent("""
     async def main():
         rt = SandboxRuntime(RuntimeConfig.model_validate_json(sys.argv[1]), gc=False)
         cfg = SandboxConfig(limits=SandboxLimits(memory_mb=128, pids=64))
-        out = {"inits": [], "ids": []}
+        out = {"inits": [], "ids": [], "ranges": []}
         for _ in range(3):
             sb = await rt.create(None, cfg)
             await sb.start(["sleep", "1000"])
             out["inits"].append(sb.init_pid)
             out["ids"].append(sb.id)
+            out["ranges"].append(sb.id_base)
         print(json.dumps(out), flush=True)
         await asyncio.Event().wait()
 
@@ -248,8 +249,10 @@ def test_sigkill_of_owner_then_gc_reclaims(runtime, runtime_config, tmp_path, vi
             assert wait_exit(fd, max(0.0, deadline - time.monotonic())), "a sandbox process outlived its owner"
         for sid in ids:
             assert runtime.cgroups.group(sid).pids() == []
-        # Records and (empty) cgroups remain until a gc.
+        # Records, (empty) cgroups and the sandboxes' id ranges remain until a gc.
         assert all((runtime.records_dir / f"{sid}.json").exists() for sid in ids)
+        ranges = [runtime.id_ranges.dir / str(r) for r in info["ranges"]] if runtime.user_namespaces else []
+        assert all(r.exists() for r in ranges)
         if via == "cli":
             cfg = _write_cli_config(tmp_path / "tryloop.yaml", runtime_config)
             proc = subprocess.run([_cli(), "sandbox", "gc", "--config", str(cfg)], capture_output=True,
@@ -266,6 +269,7 @@ def test_sigkill_of_owner_then_gc_reclaims(runtime, runtime_config, tmp_path, vi
             assert report.cgroups >= 3
             for sid in ids:
                 assert any(sid in d for d in report.details)
+        assert not any(r.exists() for r in ranges), "a dead owner's id ranges stayed claimed"
         for sid in ids:
             assert not (runtime.records_dir / f"{sid}.json").exists()
             assert not cgroup_dirs(runtime, sid)

@@ -17,6 +17,7 @@ from tryloop.errors import TryloopError
 from tryloop.sandbox.layers import (
     FIXED_MTIME_NS,
     OPAQUE_XATTR,
+    USER_OPAQUE_XATTR,
     LayerError,
     LayerNotFound,
     LayerStore,
@@ -257,6 +258,44 @@ def test_metacopy_upper_is_refused(store: LayerStore, tmp_path: Path) -> None:
     with pytest.raises(LayerError, match="metacopy"):
         store.add_tree(src)
     assert os.listdir(store.tmp_dir) == [] and store.list() == []
+
+
+# --------------------------------------------------------------------------- user namespaces
+
+
+@needs_root
+def test_an_upper_dir_of_a_user_namespace_is_read_in_its_numbering(store: LayerStore, tmp_path: Path) -> None:
+    """Its ids are the host's id_base + N and its opaque marker is user.overlay.opaque; the
+    layer holds N (an id outside the range: the overflow id) and both markers."""
+    base = 1 << 31
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    (upper / "d").mkdir()
+    os.setxattr(upper / "d", USER_OPAQUE_XATTR, b"y")
+    (upper / "d" / "mine").write_text("x")
+    os.chown(upper / "d" / "mine", base + 1000, base + 1000)
+    (upper / "stray").write_text("y")
+    os.chown(upper / "stray", 1000, 1000)  # no id of this sandbox
+    os.chown(upper, base, base)
+    os.chown(upper / "d", base, base)
+    layer = store.path(store.add_tree(upper, id_base=base))
+    assert (os.stat(layer / "d" / "mine").st_uid, os.stat(layer / "d" / "mine").st_gid) == (1000, 1000)
+    assert os.stat(layer / "stray").st_uid == 65534 and os.stat(layer).st_uid == 0
+    assert os.getxattr(layer / "d", OPAQUE_XATTR) == os.getxattr(layer / "d", USER_OPAQUE_XATTR) == b"y"
+    # The same tree from an overlay outside a user namespace: user.* xattrs are no markers there.
+    assert tree_digest(upper, id_base=base) != tree_digest(upper)
+
+
+@needs_root
+def test_layers_built_with_one_opaque_marker_get_the_other(tmp_path: Path) -> None:
+    old = LayerStore(tmp_path / "store")
+    layer = old.path(old.add_files({"d/x": "X"}))
+    os.setxattr(layer / "d", OPAQUE_XATTR, b"y")  # as a layer of an older tryloop
+    (old.layers_dir / ".opaque-markers-v2").unlink()
+    LayerStore(tmp_path / "store")
+    assert os.getxattr(layer / "d", USER_OPAQUE_XATTR) == b"y"
+    with pytest.raises(OSError):
+        os.getxattr(layer, USER_OPAQUE_XATTR)
 
 
 # --------------------------------------------------------------------------- overlay semantics

@@ -481,6 +481,17 @@ async def test_memory_bomb_is_oom_killed(sandbox):
     assert _alive(os.getpid())
 
 
+async def test_agent_cannot_exempt_itself_from_the_oom_killer(sandbox):
+    """oom_score_adj -1000 makes a process unkillable by the OOM killer: a memory bomb with it would
+    stall its cgroup at the limit instead of dying. An agent may raise its score, never lower it."""
+    res = await sandbox.exec("echo -1000 > /proc/self/oom_score_adj && echo WROTE; cat /proc/self/oom_score_adj")
+    assert "WROTE" not in res.text() and res.text().strip() == "0", _desc(res)
+    raised = await sandbox.exec("echo 500 > /proc/self/oom_score_adj && cat /proc/self/oom_score_adj")
+    assert raised.ok and raised.text().strip() == "500", _desc(raised)
+    back = await sandbox.exec("echo 500 > /proc/self/oom_score_adj && echo -500 > /proc/self/oom_score_adj")
+    assert not back.ok, _desc(back)
+
+
 async def test_disk_quota(sandbox, runtime):
     tag = _tag()
     upper = sandbox.upper_dir()

@@ -23,7 +23,7 @@ FILES = {
 
 
 def ws_digest(sb) -> str:
-    return tree_digest(sb.root_dir() / "workspace")
+    return tree_digest(sb.root_dir() / "workspace", id_base=sb.id_base)
 
 
 @pytest.fixture

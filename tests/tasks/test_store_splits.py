@@ -235,3 +235,13 @@ def test_measured_pass_rates_refine_the_static_tier(tmp_path):
     store.record_pass_rate(e.fingerprint, "smollm2", 0, 4)
     assert refine_from_pass_rates(store, "smollm2", min_attempts=8) == 1
     assert store.entry(e.fingerprint).meta.tier == "hard"
+
+
+def test_eval_fraction_by_source_overrides_the_share_for_that_source_only():
+    from tryloop.config import TasksConfig
+
+    cfg = TasksConfig(eval_fraction=0.25, eval_fraction_by_source={"functions": 1.0})
+    assert cfg.eval_fraction_for("functions") == 1.0
+    assert cfg.eval_fraction_for("humaneval") == 0.25 and cfg.eval_fraction_for(None) == 0.25
+    with pytest.raises(ValueError, match="eval_fraction_by_source"):
+        TasksConfig(eval_fraction_by_source={"functions": 1.5})

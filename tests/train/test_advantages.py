@@ -185,3 +185,50 @@ def test_shuffled_rewards_keep_the_group_statistics_but_not_the_assignment():
     assert sorted(v for v in honest.values) == pytest.approx(sorted(v for v in control.values))
     assert honest.values != control.values           # some passing answer lost its positive advantage
     assert control.values == compute_advantages(eps, TrainConfig(shuffle_rewards=True)).values  # seeded
+
+
+# --- sub-step credit ---------------------------------------------------------
+
+def stepped(reward: float, first_met: dict, parts: dict, turns: int = 3) -> Trajectory:
+    """An episode of `turns` turns, each one sampled run of two tokens between observations."""
+    from tryloop.agent.trajectory import Turn
+
+    mask = [0, 0] + [1, 1, 0] * turns
+    return Trajectory(episode_id=f"e{reward}", task_id="t", group_id="g", verdict="pass" if reward >= 1 else "fail", reward=reward,
+                      termination="submitted", token_ids=list(range(len(mask))), logprobs=[0.0] * len(mask),
+                      loss_mask=mask, turns=[Turn(i, "") for i in range(turns)],
+                      meta={"substeps_first_met": first_met, "substep_rewards": parts})
+
+
+def test_substep_credit_goes_to_the_turns_up_to_the_one_that_met_it():
+    from tryloop.train.advantages import turn_rewards
+
+    # rows (0.5) met at turn 0, answer (0.5) at turn 1; turn 2 came after both: it earns only the rest (0.1).
+    t = stepped(1.1, {"step:rows": 0, "step:answer": 1}, {"step:rows": 0.5, "step:answer": 0.5})
+    assert turn_rewards(t) == pytest.approx([1.1, 0.6, 0.1])
+    never = stepped(0.1, {"step:rows": None, "step:answer": None}, {"step:rows": 0.0, "step:answer": 0.0})
+    assert turn_rewards(never) == pytest.approx([0.1, 0.1, 0.1])
+    # A reward a flag zeroed is not split, nor are turns that do not line up with the sampled runs.
+    zeroed = stepped(0.0, {"step:rows": 0}, {"step:rows": 0.5})
+    zeroed.meta["flag_action"] = "zero"
+    assert turn_rewards(zeroed) is None
+    short = stepped(1.1, {"step:rows": 0}, {"step:rows": 1.0})
+    short.turns = short.turns[:2]
+    assert turn_rewards(short) is None
+    assert turn_rewards(Trajectory(episode_id="e", task_id="t", reward=1.0)) is None
+
+
+def test_substep_credit_moves_each_turn_by_the_estimators_slope():
+    good = stepped(1.1, {"step:rows": 0, "step:answer": 1}, {"step:rows": 0.5, "step:answer": 0.5})
+    bad = stepped(0.1, {"step:rows": None, "step:answer": None}, {"step:rows": 0.0, "step:answer": 0.0})
+    plain = compute_advantages([good, bad], TrainConfig())
+    assert plain.for_update() == plain.values                       # off by default: one value per episode
+    adv = compute_advantages([good, bad], TrainConfig(substep_credit=True))
+    a_good, a_bad = adv.values                                     # grpo: +1, -1 (spread 1.0, std 0.5)
+    assert (a_good, a_bad) == (pytest.approx(1.0, rel=1e-5), pytest.approx(-1.0, rel=1e-5))
+    slope = (a_good - a_bad) / (1.1 - 0.1)
+    assert adv.per_turn[0] == pytest.approx([a_good, a_good + slope * (0.6 - 1.1), a_good + slope * (0.1 - 1.1)])
+    assert adv.per_turn[1] == pytest.approx([a_bad] * 3)
+    assert adv.for_update() == adv.per_turn
+    # The negative control keeps its information-free update: no per-turn credit with shuffled rewards.
+    assert compute_advantages([good, bad], TrainConfig(substep_credit=True, shuffle_rewards=True)).per_turn == [None] * 2

@@ -57,3 +57,16 @@ def test_bad_input_is_refused():
 def test_to_device_keeps_everything():
     b = collate([A], [1.0]).to("cpu")
     assert b.input_ids.dtype == torch.long and b.loss_mask.dtype == torch.float32
+
+
+def test_per_turn_advantages_land_on_each_turns_tokens():
+    from tryloop.agent.trajectory import Turn
+
+    mask = [0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
+    t = Trajectory(task_id="t", episode_id="e", token_ids=list(range(10)), logprobs=[0.0] * 10, loss_mask=mask,
+                   turns=[Turn(i, "") for i in range(3)])
+    b = collate([t], [[0.5, -1.0, 2.0]])
+    # column j is target token j+1: tokens 2-3 (turn 0), 6 (turn 1), 8-9 (turn 2)
+    assert b.advantages[0].tolist() == [0, 0.5, 0.5, 0, 0, -1.0, 0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="2 turn advantages for 3 sampled turns"):
+        collate([t], [[1.0, 2.0]])

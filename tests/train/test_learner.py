@@ -274,3 +274,27 @@ def test_activation_checkpointing_gives_the_same_update(model, lora):
     for k, v in after[0].items():
         torch.testing.assert_close(after[1][k], v, rtol=1e-5, atol=1e-6, msg=k)
     assert any(not torch.equal(v, model.state_dict()[k]) for k, v in after[0].items())
+
+
+def test_per_turn_advantages_move_each_turn_its_own_way(model):
+    from tryloop.agent.trajectory import Turn
+
+    # Two-turn episodes: the first turn rewarded, the second (after the task was done) penalized.
+    g = torch.Generator().manual_seed(3)
+    trajs = []
+    for i in range(4):
+        ids = torch.randint(1, VOCAB, (12,), generator=g).tolist()
+        mask = [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0]
+        trajs.append(Trajectory(episode_id=f"e{i}", task_id="t", token_ids=ids, logprobs=[0.0] * 12,
+                                loss_mask=mask, turns=[Turn(0, ""), Turn(1, "")]))
+    learner = Learner(model, TrainConfig(lr=1e-2, micro_batch=2, old_logprobs="recompute"))
+
+    def per_turn() -> list[tuple[float, float]]:   # each turn's sampled tokens (targets 3-5 and 8-10)
+        return [(sum(lp[3:6]), sum(lp[8:11])) for lp in learner.logprobs(trajs)]
+
+    before = per_turn()
+    for _ in range(3):
+        m = learner.step(trajs, [[1.0, -1.0]] * 4)
+    assert m["optimizer_steps"] >= 1
+    for (f0, s0), (f1, s1) in zip(before, per_turn(), strict=True):
+        assert f1 > f0 and s1 < s0

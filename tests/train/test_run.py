@@ -196,9 +196,10 @@ def fn_root(train_root):
 def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_set(fn_root):
     from tryloop.train.run import train
 
-    cfg = load_yaml(write_config(fn_root, run_id="zone", source="functions", zone=True, zone_k=1, zone_lo=0.0,
-                                 zone_hi=1.0, steps=1, eval_tasks=1, eval_at_start=True, eval_k=1,
-                                 check_source="humaneval", check_tasks=1))
+    path = write_config(fn_root, run_id="zone", source="functions", zone=True, zone_k=1, zone_lo=0.0,
+                        zone_hi=1.0, steps=1, eval_tasks=1, eval_at_start=True, eval_k=1,
+                        check_source="humaneval", check_tasks=1)
+    cfg = load_yaml(path)
     events: list[str] = []
     res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: events.append(e)))
     assert events.index("zone_done") < events.index("rollout")
@@ -216,6 +217,18 @@ def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_se
                                                          "check_source": None}),
                       hook=lambda e, d: again.append(e)))
     assert "zone_episode" not in again
+    # `tryloop tasks zone` keys its measurement as the run does: it reads the run's, per family.
+    from typer.testing import CliRunner
+
+    from tryloop.cli.main import app
+
+    out = CliRunner().invoke(app, ["tasks", "zone", "--by", "family", "--json", "-c", str(path)])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["key"] == zone["key"] and doc["seconds"] < 30
+    assert sum(r["measured"] for r in doc["rows"]) == 4
+    assert {r["group"].split(" / ")[0] for r in doc["rows"]} == {
+        f"functions-{f}" for f in ("add-constant", "upper-case", "sum-list", "max-of-two")}
 
 
 def test_no_task_in_the_zone_is_a_clear_error(fn_root):

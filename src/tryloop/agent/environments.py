@@ -21,9 +21,11 @@ from tryloop.tasks.testrun import sandbox_config_for, task_snapshot
 
 class Environments:
     def __init__(self, runtime: SandboxRuntime, *, per_task: int = 1, max_pools: int = 32,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, max_live: int = 64):
+        """`max_live`: sandboxes of one task alive at once (idle and in use)."""
         self.runtime = runtime
         self.per_task = per_task
+        self.max_live = max_live
         self.max_pools = max_pools
         self.registry = registry
         self._pools: OrderedDict[str, WarmPool] = OrderedDict()
@@ -37,7 +39,7 @@ class Environments:
         snap = task_snapshot(self.runtime, task, cfg)
         pool = self._pools.get(snap.id)
         if pool is None:
-            pool = WarmPool(self.runtime, snap, cfg, PoolConfig(size=self.per_task, max_live=64),
+            pool = WarmPool(self.runtime, snap, cfg, PoolConfig(size=self.per_task, max_live=self.max_live),
                             name=task.id[:40], registry=self.registry)
             await pool.start(wait=False)
             self._pools[snap.id] = pool

@@ -260,6 +260,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     traj.reward_version = verdict.version
     if verdict.meta.get("masked"):
         traj.meta["masked"] = True
+    if tracker is not None and "substep_rewards" in verdict.meta:
+        traj.meta["substep_rewards"] = dict(verdict.meta["substep_rewards"])
     if traj.flags:  # what the one flag policy (the reward spec's) did, for training's counts
         traj.meta["flag_action"] = verdict.meta.get("flag_action", "record")
         traj.meta["flag_by"] = verdict.meta.get("flag_by")

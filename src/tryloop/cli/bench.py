@@ -81,6 +81,24 @@ def episodes_bench(
     run_cli(run, cfg, quick=quick, out=out, console=console)
 
 
+@app.command("serve")
+def serve_bench(
+    sessions: Annotated[int, typer.Option("--sessions", help="sessions open at once")] = 500,
+    steps: Annotated[int, typer.Option("--steps", help="tool-call steps per session")] = 3,
+    verify: Annotated[int, typer.Option("--verify", help="sessions that submit and are judged")] = 10,
+    quick: Annotated[bool, typer.Option("--quick", help="20 sessions (a smoke run)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """The environment server under many concurrent sessions: step latency p50/p99 beside the
+    in-process API, in one run, nothing left behind."""
+    from tryloop.bench.serve import run
+
+    cfg = run_cli(load_config, config, {})
+    run_cli(run, cfg, sessions=20 if quick else sessions, steps=steps, verify=min(verify, 4) if quick else verify,
+            out=out, console=console)
+
+
 @app.command("scheduler")
 def scheduler_bench(
     quick: Annotated[bool, typer.Option("--quick", help="each measurement shrunk to seconds (a smoke run)")] = False,

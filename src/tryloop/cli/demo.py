@@ -97,7 +97,7 @@ async def _demo(cfg, episodes: int, concurrency: int) -> None:
 
         # Mid-episode fork: edit, snapshot, branch three ways.
         sb = await pool.acquire()
-        initial = tree_digest(sb.root_dir() / "workspace")
+        initial = tree_digest(sb.root_dir() / "workspace", id_base=sb.id_base)
         await sb.exec("echo '# work in progress' >> calc/__init__.py")
         t0 = time.perf_counter()
         branches = await sb.fork(3)
@@ -125,7 +125,7 @@ async def _demo(cfg, episodes: int, concurrency: int) -> None:
         t0 = time.perf_counter()
         await sb.reset()
         reset_ms = (time.perf_counter() - t0) * 1000
-        restored = tree_digest(sb.root_dir() / "workspace") == initial
+        restored = tree_digest(sb.root_dir() / "workspace", id_base=sb.id_base) == initial
         pool.release(sb)
 
         acq = sorted(r["acquire"] for r in results)

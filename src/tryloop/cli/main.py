@@ -80,13 +80,14 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, evaluate, image, reward, sandbox, tasks, train
+    from tryloop.cli import bench, demo, evaluate, image, reward, sandbox, serve, tasks, train
 
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(image.app, name="image")
     app.add_typer(tasks.app, name="tasks")
     app.add_typer(reward.app, name="reward")
     app.add_typer(bench.app, name="bench")
+    app.add_typer(serve.app, name="serve")
     app.command("demo")(demo.demo)
     app.command("eval")(evaluate.evaluate_cmd)
     app.command("train")(train.train_cmd)

@@ -47,7 +47,7 @@ def doctor(
     table.add_column("check")
     table.add_column("status")
     table.add_column("detail")
-    results = checks()
+    results = checks(cfg.runtime)
     for c in results:
         status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]absent[/]")
         detail = c.detail + (f" — {c.fix}" if not c.ok and c.fix else "")
@@ -77,7 +77,10 @@ async def _live_probe(cfg) -> dict[str, str]:
         r = await sb.exec("id -u; hostname; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\\t' ' ';"
                           " ls /proc | grep -c '^[0-9]'; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
         lines = r.text().split("\n")
-        return {"uid": lines[0], "hostname": lines[1], "capabilities": lines[2], "no_new_privs": lines[3],
+        init_uid = Path(f"/proc/{sb.init_pid}/status").read_text().split("Uid:")[1].split()[0]
+        userns = (f"own range: uid 0 inside is host uid {init_uid}, uid {lines[0]} is host uid "
+                  f"{sb.host_id(int(lines[0]))}" if sb.id_base else "none: uids are the host's")
+        return {"uid": lines[0], "user namespace": userns, "hostname": lines[1], "capabilities": lines[2], "no_new_privs": lines[3],
                 "seccomp mode": lines[4], "visible processes": lines[5],
                 "network interfaces": " ".join(x for x in lines[6:] if x)}
 
@@ -197,7 +200,7 @@ def gc(config: ConfigOpt = None, store_dir: StoreDir = None) -> None:
     for line in report.details:
         console.print(f"  {line}")
     console.print(f"gc: {report.records} record(s), {report.cgroups} cgroup(s), {report.processes} process(es), "
-                  f"{report.tmp_dirs} temp dir(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
+                  f"{report.tmp_dirs} temp dir(s), {report.id_ranges} id range(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""`tryloop tasks ...`: import, synthesize, validate, build, list, show, split, check leakage, export."""
+"""`tryloop tasks ...`: import, synthesize, validate, build, list, show, split, check leakage, export, zone."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def synth(
             with _progress() as prog:
                 bar = prog.add_task(f"synth {family}", total=None, last="")
                 return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=per_family,
-                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction,
+                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction_for(family),
                                           seed=cfg.tasks.seed,
                                           progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
@@ -227,8 +227,8 @@ def build_default(
     cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
     opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
                                 docs_per_family=docs_per_family, ops_per_family=ops_per_family,
-                                seed=cfg.tasks.seed,
-                                eval_fraction=cfg.tasks.eval_fraction, gate=_gate(cfg))
+                                seed=cfg.tasks.seed, eval_fraction=cfg.tasks.eval_fraction,
+                                eval_fraction_by_source=cfg.tasks.eval_fraction_by_source, gate=_gate(cfg))
     work = _work_dir(cfg)
 
     async def go():
@@ -340,7 +340,8 @@ def split(eval_fraction: EvalFraction = None, seed: Seed = None,
     from tryloop.tasks.splits import apply_splits
 
     cfg = _cfg(config, store=store, eval_fraction=eval_fraction, seed=seed)
-    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite)
+    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite,
+                     by_source=cfg.tasks.eval_fraction_by_source)
     console.print(f"train: {counts['train']}  eval: {counts['eval']}")
 
 
@@ -381,3 +382,55 @@ def export(target: Annotated[str, typer.Argument(help="task id or fingerprint")]
     task = run_cli(_store(cfg).get, target)
     out = run_cli(export_harbor, task, dest)
     console.print(f"exported {task.id} to {out}")
+
+
+@app.command()
+def zone(
+    source: Annotated[str | None, typer.Option("--source", help="train.source (the tasks measured)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="train.policy.name")] = None,
+    k: Annotated[int | None, typer.Option("-k", "--zone-k", help="train.zone_k")] = None,
+    max_turns: Annotated[int | None, typer.Option("--max-turns", help="train.limits.max_turns")] = None,
+    by: Annotated[str, typer.Option("--by", help="rows per tier or per family")] = "tier",
+    json_out: JsonOut = False,
+    store: StoreUrl = None, config: ConfigOpt = None,
+) -> None:
+    """Measure the learning zone: each task's pass rate under the train run's policy (k samples at
+    its temperature, kept in the store, so nothing is measured twice), per tier or family and split."""
+    from tryloop.train.run import select
+    from tryloop.train.zone import by_family, measure_zone
+
+    if by not in ("tier", "family"):
+        raise typer.BadParameter(f"--by must be tier or family, not {by!r}")
+    cfg = run_cli(load_config, config, {"tasks.store_url": store, "train.source": source,
+                                        "train.policy.name": model, "train.zone_k": k,
+                                        "train.limits.max_turns": max_turns})
+    tcfg = cfg.train
+    tasks = [t for split in ("train", "eval") for t in select(_store(cfg), split, tcfg.source)]
+    if not tasks:
+        run_cli(_no_tasks, cfg)
+    with _progress() as prog:
+        bar = prog.add_task(f"measuring {len(tasks)} tasks x {tcfg.zone_k}", total=len(tasks) * tcfg.zone_k, last="")
+        result = run_cli(lambda: asyncio.run(measure_zone(
+            cfg, tcfg, tasks, on_done=lambda t: prog.update(bar, advance=1, last=t.task_id))))
+    rows = result.rows(by_family) if by == "family" else result.rows()
+    if json_out:
+        print(json.dumps({"key": result.key, "band": [result.band.lo, result.band.hi], "k": tcfg.zone_k,
+                          "seconds": result.seconds, "rows": [r.__dict__ for r in rows]}, indent=1))
+        return
+    t = Table(title=f"learning zone of {tcfg.policy.name} ({result.band.lo:.0%}-{result.band.hi:.0%}), "
+                    f"{tcfg.zone_k} samples at T={tcfg.policy.temperature:g}, {result.seconds:.0f} s")
+    for col in (by, "split", "tasks", "measured", "mean pass rate", "never", "always", "in zone"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.group, r.split, str(r.tasks), str(r.measured),
+                  f"{r.mean_rate:.1%}" if r.mean_rate is not None else "-", str(r.never), str(r.always),
+                  str(r.in_zone))
+    console.print(t)
+
+
+def _no_tasks(cfg):
+    from tryloop.errors import TryloopError
+
+    src = f" of source {cfg.train.source}" if cfg.train.source else ""
+    raise TryloopError(f"no tasks{src} in {cfg.tasks.store_url}: build them first (`tryloop tasks build-default`, "
+                       "or `tryloop train` for the function tasks)")

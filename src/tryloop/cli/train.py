@@ -39,7 +39,7 @@ def ensure_suite(cfg) -> None:
             report = asyncio.run(builders[source](
                 SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir,
                 gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
-                eval_fraction=cfg.tasks.eval_fraction, seed=cfg.tasks.seed,
+                eval_fraction=cfg.tasks.eval_fraction_for(source), seed=cfg.tasks.seed,
                 progress=lambda tid, _, bar=bar, prog=prog: prog.update(bar, advance=1, last=tid)))
         console.print(f"task store: {report.total_kept} {source} tasks kept, {report.total_rejected} rejected")
 

@@ -360,6 +360,11 @@ async def judge_answer(runtime: Any, task: Task, sub: Any, spec: Any, verdict: A
         if c.kind == "tests":  # the answer's weighted fraction met, with partial credit
             comps[c.name] = g.score if spec.partial_credit else float(g.passed)
     verdict.components = comps
+    total_w = sum(g.weights.values())
+    if total_w:   # each sub-step's part of the tests component (per-turn credit in training)
+        w = sum(c.weight for c in spec.components if c.kind == "tests")
+        earned = (lambda k: g.scores.get(k, 0.0)) if spec.partial_credit else (lambda k: float(g.passed))
+        verdict.meta["substep_rewards"] = {k: w * g.weights[k] * earned(k) / total_w for k in g.weights}
     total = spec.total(comps)
     if spec.gate_on_tests and state != "pass":
         total = sum(c.weight * comps.get(c.name, 0.0) for c in spec.components

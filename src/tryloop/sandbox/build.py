@@ -179,6 +179,6 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
                                f"{res.text('stderr')[-2000:]}{res.text()[-1000:]}")
         sb.cgroup.freeze()
         try:
-            return runtime.store.add_tree(sb.upper_dir())
+            return runtime.store.add_tree(sb.upper_dir(), id_base=sb.id_base)
         finally:
             sb.cgroup.thaw()

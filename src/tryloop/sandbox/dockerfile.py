@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import stat
@@ -44,9 +43,9 @@ from pathlib import Path
 
 from tryloop.config import SandboxConfig, SandboxLimits
 from tryloop.sandbox.build import network_env
-from tryloop.sandbox.images import Image, find_in_layers, make_image, resolve_user
+from tryloop.sandbox.images import Image, ImageError, find_in_layers, make_image, resolve_user
 from tryloop.sandbox.layers import Snapshot
-from tryloop.sandbox.oci import ImageError, mountpoints_layer, unpack_layer
+from tryloop.sandbox.oci import mountpoints_layer, unpack_layer
 
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "USER", "ARG",
              "CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "STOPSIGNAL", "MAINTAINER")
@@ -637,23 +636,6 @@ def _network_layer(store) -> str:
     return store.add_files(files, uid=0, gid=0) if files else ""
 
 
-def _check_reachable(mnt_dir: Path, where: str) -> None:
-    """A build sandbox's init runs as an unprivileged host id (its user namespace's root):
-    it must be able to reach the runtime's mount directory."""
-    for p in [mnt_dir, *mnt_dir.parents]:
-        mode = os.stat(p).st_mode
-        if not mode & stat.S_IXOTH:
-            raise BuildError(f"{where}: cannot run RUN steps: {p} (mode {stat.S_IMODE(mode):o}) is not searchable "
-                             f"by other users, and a build sandbox must reach {mnt_dir} as one; chmod o+x it "
-                             "or choose another runtime.state_dir")
-
-
-def build_id_base() -> int:
-    """A user namespace id range for one build sandbox: 65536 ids above 2^30, which no
-    host user has."""
-    return (1 << 30) + secrets.randbelow(1 << 12) * 65536
-
-
 async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: list[str], *,
                          workdir: str = "/", user: str = "", options: BuildOptions | None = None,
                          what: str = "build step", on_output=None) -> str:
@@ -679,9 +661,11 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
     cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
         memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
         file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": workdir})
-    _check_reachable(runtime.mnt_dir, what)
-    id_base = build_id_base()
-    async with await runtime.create(snap, cfg, id_base=id_base) as sb:
+    if uid == 0 and not runtime.user_namespaces:
+        raise BuildError(f"{what}: runs as root, which a build sandbox may only be in a user namespace of its "
+                         f"own, and this runtime gives none ({runtime.user_namespaces_detail}); name an "
+                         "unprivileged USER or enable runtime.user_namespaces")
+    async with await runtime.create(snap, cfg) as sb:
         res = await sb.exec(cmd, cwd=workdir, on_output=on_output, merge_stderr=True)
         if not res.ok:
             why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else
@@ -693,7 +677,7 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
         try:
             upper = sb.upper_dir()
             empty = not any(os.scandir(upper))
-            return "" if empty else store.add_tree(upper, id_base=id_base)
+            return "" if empty else store.add_tree(upper, id_base=sb.id_base)
         finally:
             sb.cgroup.thaw()
 

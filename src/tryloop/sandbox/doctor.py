@@ -7,14 +7,19 @@ starts a silently weaker sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tryloop.errors import HostUnsupported
+
+if TYPE_CHECKING:
+    from tryloop.config import RuntimeConfig
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,114 @@ def _has_syscall_mount_setattr() -> bool:
     return ctypes.get_errno() != 38
 
 
-def checks() -> list[Check]:
+# Filesystems whose mounts can be idmapped (what a sandbox's user namespace needs of the
+# layer store: its layers hold the sandbox's own ids), by statfs magic.
+_IDMAP_FS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs",
+             0xF2F52010: "f2fs"}
+# The one kind of mount under /proc that does not stop a user namespace from mounting proc.
+_PROC_SUBMOUNTS_OK = ("/proc/sys/fs/binfmt_misc",)
+
+
+def _fs_magic(path: Path) -> int | None:
+    from tryloop.sandbox.files import _fs_type
+
+    while not path.exists() and path != path.parent:  # not created yet: where it will be
+        path = path.parent
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _fs_type(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _ranges_overlap(a: int, a_len: int, b: int, b_len: int) -> bool:
+    return a < b + b_len and b < a + a_len
+
+
+def host_ids_in(first: int, count: int) -> list[str]:
+    """Host users, groups and subordinate id ranges that fall in [first, first + count)."""
+    out = []
+    for db in ("/etc/passwd", "/etc/group"):
+        with contextlib.suppress(OSError):
+            for line in Path(db).read_text().splitlines():
+                parts = line.split(":")
+                if len(parts) > 2 and parts[2].isdigit() and first <= int(parts[2]) < first + count:
+                    out.append(f"{parts[0]} ({db}: {parts[2]})")
+    for db in ("/etc/subuid", "/etc/subgid"):  # ranges handed to host users' own containers
+        with contextlib.suppress(OSError):
+            for line in Path(db).read_text().splitlines():
+                parts = line.split(":")
+                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() \
+                        and _ranges_overlap(first, count, int(parts[1]), int(parts[2])):
+                    out.append(f"{parts[0]} ({db}: {parts[1]}+{parts[2]})")
+    return out
+
+
+def _proc_overmounts() -> list[str]:
+    """Mounts on top of /proc entries: with any, a user namespace may not mount proc."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            target = line.split()[4]
+            if target.startswith("/proc/") and not target.startswith(_PROC_SUBMOUNTS_OK):
+                out.append(target)
+    return out
+
+
+def user_namespace_support(config: RuntimeConfig) -> tuple[bool, str]:
+    """Whether each sandbox can get a user namespace here, and what was found either way.
+
+    Needs user namespaces, Linux >= 6.6 (overlayfs on idmapped layers, user xattrs on the
+    tmpfs upper layer), a layer store on filesystems with idmapped mounts, a /proc with
+    nothing mounted over its entries, and no host user, group or subordinate range in the
+    sandboxes' id ranges.
+    """
+    from tryloop.sandbox.idranges import RANGE
+
+    if not Path("/proc/self/ns/user").exists():
+        return False, "kernel built without CONFIG_USER_NS"
+    try:
+        if int(Path("/proc/sys/user/max_user_namespaces").read_text()) <= 0:
+            return False, "user.max_user_namespaces is 0"
+    except (OSError, ValueError):
+        pass
+    if _kernel() < (6, 6):
+        return False, f"Linux {platform.release()} (6.6 or newer needed)"
+    for p in (config.store_dir, config.memory_dir):
+        magic = _fs_magic(Path(p)) if p is not None else None
+        if magic is not None and magic not in _IDMAP_FS:
+            return False, f"{p} is on a filesystem without idmapped mounts (statfs magic {magic:#x})"
+    over = _proc_overmounts()
+    if over:
+        return False, f"/proc has entries mounted over ({', '.join(over[:3])}): proc cannot be mounted in it"
+    first = config.id_ranges_first
+    count = (((1 << 32) - 1 - first) // RANGE) * RANGE
+    clash = host_ids_in(first, count)
+    if clash:
+        return False, f"host ids inside the sandboxes' id ranges ({first}..{first + count - 1}): {', '.join(clash[:5])}"
+    return True, (f"each sandbox's ids 0..65535 are its own host range from {first} up "
+                  f"(registry {config.id_ranges_dir})")
+
+
+def user_namespace_check(config: RuntimeConfig) -> Check:
+    name = "user namespace per sandbox"
+    mode = config.user_namespaces
+    if mode == "off":
+        return Check(name, False, "off (runtime.user_namespaces: off): the agent's uid is the host's uid "
+                                  "of the same number", required=False,
+                     fix="set runtime.user_namespaces to auto or on")
+    ok, detail = user_namespace_support(config)
+    return Check(name, ok, f"{detail} [{mode}]", required=mode == "on",
+                 fix="" if ok else "without it the agent's uid is the host's uid of the same number")
+
+
+def checks(config: RuntimeConfig | None = None) -> list[Check]:
+    from tryloop.config import RuntimeConfig
     from tryloop.sandbox.cgroups import CgroupHost
     from tryloop.sandbox.native import compiler
 
@@ -85,6 +197,7 @@ def checks() -> list[Check]:
     out.append(Check("mount_setattr", _has_syscall_mount_setattr(),
                      "read-only binds that stay read-only in every submount"))
     out.append(Check("pidfd_open", hasattr(os, "pidfd_open"), "process handles immune to pid reuse"))
+    out.append(user_namespace_check(config or RuntimeConfig()))
     try:
         cg = CgroupHost.detect()
         for ctrl, where in cg.describe():
@@ -102,8 +215,8 @@ def checks() -> list[Check]:
     return out
 
 
-def require_host() -> None:
-    missing = [c for c in checks() if c.required and not c.ok]
+def require_host(config: RuntimeConfig | None = None) -> None:
+    missing = [c for c in checks(config) if c.required and not c.ok]
     if missing:
         lines = "; ".join(f"{c.name} ({c.detail}{': ' + c.fix if c.fix else ''})" for c in missing)
         raise HostUnsupported(

@@ -7,20 +7,25 @@ reach the host. Writes additionally refuse to cross a mount (RESOLVE_NO_XDEV):
 only the sandbox's own writable layer can be written, never its /proc, /dev or
 the read-only host binds. Reads refuse special files (devices, FIFOs, sockets)
 and pseudo filesystems (proc, sysfs).
+
+In a sandbox with a user namespace, the writable layer belongs to that namespace: the
+kernel refuses to create a file there whose owner it cannot map (the host's root), so
+files and directories are created with the agent's ids as this thread's filesystem ids
+(see `_creating_as`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat as _stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from tryloop.config import SandboxConfig
 from tryloop.errors import PathOutsideSandbox, SandboxError
-
-if TYPE_CHECKING:
-    from tryloop.sandbox.sandbox import Sandbox
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (new syscall table)
 RESOLVE_NO_XDEV = 0x01
@@ -44,6 +49,31 @@ class _Statfs(ctypes.Structure):
 
 
 _libc.fstatfs.argtypes = [ctypes.c_int, ctypes.POINTER(_Statfs)]
+for _f in (_libc.setfsuid, _libc.setfsgid):  # ids of sandboxes lie above 2**31
+    _f.argtypes, _f.restype = [ctypes.c_uint], ctypes.c_uint
+_PR_GET_SECUREBITS, _PR_SET_SECUREBITS = 27, 28
+_SECBIT_NO_SETUID_FIXUP = 1 << 2
+_NO_ID = 0xFFFFFFFF  # an invalid id: setfsuid(-1) only reports the current one
+
+
+@contextlib.contextmanager
+def _creating_as(uid: int, gid: int):
+    """Create files as host ids `uid`/`gid` on this thread only (filesystem ids are per
+    thread), keeping the host's capabilities: with SECBIT_NO_SETUID_FIXUP the switch
+    away from fsuid 0 does not drop them, so permission checks are the same as before."""
+    bits = _libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0)
+    if bits < 0 or _libc.prctl(_PR_SET_SECUREBITS, bits | _SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
+        raise SandboxError(f"cannot keep capabilities across an fsuid switch: {os.strerror(ctypes.get_errno())}")
+    old_gid = _libc.setfsgid(gid)
+    old_uid = _libc.setfsuid(uid)
+    try:
+        if _libc.setfsuid(_NO_ID) != uid or _libc.setfsgid(_NO_ID) != gid:
+            raise SandboxError(f"cannot switch to filesystem ids {uid}:{gid}")
+        yield
+    finally:
+        _libc.setfsuid(old_uid)
+        _libc.setfsgid(old_gid)
+        _libc.prctl(_PR_SET_SECUREBITS, bits, 0, 0, 0)
 
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
@@ -74,7 +104,8 @@ class FileInfo:
     mtime: float
 
     @classmethod
-    def from_stat(cls, path: str, name: str, st: os.stat_result) -> FileInfo:
+    def from_stat(cls, path: str, name: str, st: os.stat_result, uid: int | None = None) -> FileInfo:
+        """`uid`: the owner as the sandbox numbers it (default: st_uid, the host's number)."""
         if _stat.S_ISREG(st.st_mode):
             kind = "file"
         elif _stat.S_ISDIR(st.st_mode):
@@ -83,18 +114,41 @@ class FileInfo:
             kind = "symlink"
         else:
             kind = "other"
-        return cls(path, name, kind, st.st_size, _stat.S_IMODE(st.st_mode), st.st_uid, st.st_mtime)
+        return cls(path, name, kind, st.st_size, _stat.S_IMODE(st.st_mode),
+                   st.st_uid if uid is None else uid, st.st_mtime)
 
 
 _READ = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 _WRITE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 
 
+class FileRoot(Protocol):
+    """What the file API needs of a sandbox (a `Sandbox`); declared here so that this
+    module does not import the one that uses it."""
+
+    id: str
+    config: SandboxConfig
+    id_base: int
+
+    def root_dir(self) -> Path: ...
+    def host_id(self, sandbox_id: int) -> int: ...
+    def sandbox_id(self, host_id: int) -> int: ...
+
+
 class SandboxFiles:
     """read / write / list / stat inside one sandbox (see the module docstring)."""
 
-    def __init__(self, sandbox: Sandbox):
+    def __init__(self, sandbox: FileRoot):
         self._sb = sandbox
+
+    def _agent(self) -> tuple[int, int]:
+        """The agent's uid and gid as the host numbers them (shifted by a user namespace)."""
+        return self._sb.host_id(self._sb.config.uid), self._sb.host_id(self._sb.config.gid)
+
+    def _as_agent(self) -> contextlib.AbstractContextManager:
+        if not self._sb.id_base:
+            return contextlib.nullcontext()
+        return _creating_as(*self._agent())
 
     def _root(self) -> int:
         # Opened per call: a reset mounts a new root, so a cached fd would go stale.
@@ -152,8 +206,9 @@ class SandboxFiles:
             raise PathOutsideSandbox(f"{path}: not a file name")
         pfd = self._dir(parent or "/", make_parents)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-                         | os.O_NONBLOCK, mode, dir_fd=pfd)
+            with self._as_agent():
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                             | os.O_NONBLOCK, mode, dir_fd=pfd)
         except OSError as e:
             os.close(pfd)
             if e.errno == 40:
@@ -163,7 +218,7 @@ class SandboxFiles:
             st = os.fstat(fd)
             if not _stat.S_ISREG(st.st_mode):
                 raise PathOutsideSandbox(f"{path}: not a regular file")
-            os.fchown(fd, self._sb.config.uid, self._sb.config.gid)
+            os.fchown(fd, *self._agent())
             os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
@@ -183,8 +238,9 @@ class SandboxFiles:
         pfd = self._dir(parent or "/", make)
         try:
             try:
-                os.mkdir(name, 0o755, dir_fd=pfd)
-                os.chown(name, self._sb.config.uid, self._sb.config.gid, dir_fd=pfd, follow_symlinks=False)
+                with self._as_agent():
+                    os.mkdir(name, 0o755, dir_fd=pfd)
+                os.chown(name, *self._agent(), dir_fd=pfd, follow_symlinks=False)
             except FileExistsError:
                 pass
             return openat2(pfd, name, os.O_PATH | os.O_DIRECTORY, 0, _WRITE | RESOLVE_NO_SYMLINKS)
@@ -198,7 +254,7 @@ class SandboxFiles:
         finally:
             os.close(fd)
         full = self._norm(path)
-        return FileInfo.from_stat(full, full.rstrip("/").rpartition("/")[2] or "/", st)
+        return FileInfo.from_stat(full, full.rstrip("/").rpartition("/")[2] or "/", st, self._sb.sandbox_id(st.st_uid))
 
     def exists(self, path: str) -> bool:
         try:
@@ -214,7 +270,7 @@ class SandboxFiles:
             out = []
             for name in sorted(os.listdir(fd)):
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                out.append(FileInfo.from_stat(f"{full}/{name}", name, st))
+                out.append(FileInfo.from_stat(f"{full}/{name}", name, st, self._sb.sandbox_id(st.st_uid)))
             return out
         finally:
             os.close(fd)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from tryloop.errors import TryloopError
 from tryloop.sandbox.layers import LayerStore
 
 AGENT_HOME = "/home/agent"
@@ -37,6 +38,12 @@ _ETC_COPY = (
     "ssl/certs/ca-certificates.crt", "mime.types", "protocols", "services",
 )
 _ETC_TREES = ("ld.so.conf.d", "alternatives")
+
+
+class ImageError(TryloopError):
+    """An image archive, Dockerfile or image reference is invalid; the message names it."""
+
+    exit_code = 65  # sysexits.h EX_DATAERR
 
 
 @dataclass(frozen=True)
@@ -157,8 +164,6 @@ def _db(store: LayerStore, layers: tuple[str, ...], rel: str) -> list[list[str]]
 def resolve_user(store: LayerStore, layers: tuple[str, ...], user: str) -> tuple[int, int]:
     """uid and gid of a USER value (name or number, optionally :group) in the image's
     /etc/passwd and /etc/group; ("", root) is (0, 0)."""
-    from tryloop.sandbox.oci import ImageError
-
     name, _, group = (user or "root").partition(":")
     uid = gid = None
     if name.isdigit():

@@ -33,18 +33,25 @@ What a layer keeps of a source tree (`add_tree`):
   still hides the lower file when the layer is used as a lowerdir;  whiteouts are
   normalized to mode 000, owned by the user building the layer (root), which overlayfs
   never shows;
-* opaque directories (xattr ``trusted.overlay.opaque`` = ``b"y"``, or in the upper dir
-  of an overlay in a user namespace ``user.overlay.opaque``), so that a
-  directory that was removed and re-created still hides the lower directory's entries;
-  a layer marks them with both xattrs, for overlays mounted either way.
+* opaque directories (xattr ``trusted.overlay.opaque`` = ``b"y"``, or its twin
+  ``user.overlay.opaque`` that an overlay mounted in a user namespace writes and reads),
+  so that a directory that was removed and re-created still hides the lower directory's
+  entries; a layer carries both markers, for sandboxes with and without a user namespace.
+
+A sandbox with a user namespace writes its id N as host id ``id_base + N``, and its
+overlay marks opaque directories with ``user.overlay.opaque`` only:
+`add_tree(..., id_base=...)` records such a tree in the sandbox's own numbering (an id
+outside its range as the overflow id 65534) and reads its ``user.overlay.*`` markers, so
+layers never hold a host id range and any sandbox can mount them.  Other trees are read
+with the ``trusted.overlay.*`` markers only.
 
 What it drops:
 
 * hard links: every name becomes a separate file;
 * FIFOs, sockets and device nodes other than whiteouts: skipped;
-* every extended attribute except ``trusted.overlay.opaque`` = ``b"y"``: other
-  ``trusted.overlay.*`` xattrs (origin, impure, nlink, ...) only mean something inside
-  the mount that wrote them, and ``user.*``, ``security.*`` and ACLs are not carried.
+* every extended attribute except the opaque markers: other ``trusted.overlay.*`` and
+  ``user.overlay.*`` xattrs (origin, impure, nlink, ...) only mean something inside the
+  mount that wrote them, and other ``user.*``, ``security.*`` and ACLs are not carried.
 
 Security rules (an agent controls the content of the upper dir being frozen):
 
@@ -99,10 +106,11 @@ FIXED_MTIME_NS = 1_000_000_000 * 1_000_000_000
 MAX_DEPTH = 256
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
-#: The same marker as an overlay mounted in a user namespace (`userxattr`) reads and writes it.
+#: What an overlay mounted in a user namespace (option `userxattr`) uses instead.
 USER_OPAQUE_XATTR = "user.overlay.opaque"
-_METACOPY_XATTR = "trusted.overlay.metacopy"
-_REDIRECT_XATTR = "trusted.overlay.redirect"
+#: The id a sandbox shows for a host id outside its range (the kernel's overflow id).
+OVERFLOW_ID = 65534
+_ID_RANGE = 1 << 16
 
 _FORMAT_HEADER = b"tryloop-layer-v1\0"
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
@@ -222,11 +230,21 @@ class _Walker:
         self.uid = uid
         self.gid = gid
         self.id_base = id_base
+        # Which overlay wrote the tree decides which markers mean something: one mounted in
+        # a user namespace uses user.overlay.*, where any other user.* xattr is the agent's
+        # own or was copied up from a layer (which carries both opaque markers).
+        self.xattr = "user.overlay." if id_base else "trusted.overlay."
         self.records: list[tuple[bytes, bytes]] = []
         self.strip = _STRIP_BITS if copy else 0
 
     def _fail(self, rel: bytes, why: str) -> LayerError:
         return LayerError(f"{self.src / os.fsdecode(rel)}: {why}")
+
+    def _unshift(self, host_id: int) -> int:
+        if not self.id_base:
+            return host_id
+        inside = host_id - self.id_base
+        return inside if 0 <= inside < _ID_RANGE else OVERFLOW_ID
 
     def _owner(self, st: os.stat_result) -> tuple[int, int]:
         return (
@@ -234,19 +252,9 @@ class _Walker:
             self._unshift(st.st_gid) if self.gid is None else self.gid,
         )
 
-    def _unshift(self, id_: int) -> int:
-        """An id as the user namespace mapping 0..65535 to id_base.. saw it (65534 if unmapped)."""
-        if not self.id_base:
-            return id_
-        return id_ - self.id_base if self.id_base <= id_ < self.id_base + 65536 else 65534
-
     def _dir_meta(self, fd: int, rel: bytes) -> bool:
-        opaque = _fgetxattr(fd, OPAQUE_XATTR) == b"y"
-        if self.id_base and not opaque:
-            # The upper dir of an overlay mounted in a user namespace (userxattr); elsewhere
-            # a user.* xattr is an ordinary one that a merged view shows, not a marker.
-            opaque = _fgetxattr(fd, USER_OPAQUE_XATTR) == b"y"
-        if _fgetxattr(fd, _REDIRECT_XATTR) is not None:
+        opaque = _fgetxattr(fd, self.xattr + "opaque") == b"y"
+        if _fgetxattr(fd, self.xattr + "redirect") is not None:
             raise self._fail(
                 rel, "directory has an overlayfs redirect (mount with redirect_dir=off)"
             )
@@ -255,8 +263,7 @@ class _Walker:
     def _finish_dir(self, dfd: int, st: os.stat_result, opaque: bool) -> None:
         if opaque:
             os.setxattr(dfd, OPAQUE_XATTR, b"y")
-            with contextlib.suppress(OSError):  # for overlays in user namespaces; not all filesystems
-                os.setxattr(dfd, USER_OPAQUE_XATTR, b"y")
+            os.setxattr(dfd, USER_OPAQUE_XATTR, b"y")
         os.fchown(dfd, *self._owner(st))
         os.fchmod(dfd, stat.S_IMODE(st.st_mode) & ~_STRIP_BITS)
         os.utime(dfd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
@@ -331,7 +338,7 @@ class _Walker:
             os.utime(name, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS), dir_fd=dfd, follow_symlinks=False)
 
     def _file(self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes) -> None:
-        if _fgetxattr(fd, _METACOPY_XATTR) is not None:
+        if _fgetxattr(fd, self.xattr + "metacopy") is not None:
             raise self._fail(path, "file is an overlayfs metacopy (mount with metacopy=off)")
         out = os.open(name, _O_DST, 0o600, dir_fd=dfd) if dfd is not None else -1
         try:
@@ -415,8 +422,12 @@ def _unlink_partial(dfd: int, name: str) -> None:
         os.unlink(name, dir_fd=dfd)
 
 
-def tree_digest(path: Path) -> str:
+def tree_digest(path: Path, *, id_base: int = 0) -> str:
     """The content digest of an existing tree (hex sha256, 64 characters).
+
+    `id_base`: the tree belongs to a sandbox whose ids start at that host id (its
+    `Sandbox.id_base`): owners are read in the sandbox's numbering, so the same files in
+    two sandboxes give the same digest.
 
     For a layer it equals the layer's digest (see `LayerStore.verify`); for any tree it
     changes with any byte, permission bit, owner, link target, whiteout or opaque marker,
@@ -424,7 +435,7 @@ def tree_digest(path: Path) -> str:
     set-id bits: they are part of its digest, so a reset can be checked to have restored
     exactly the same state.
     """
-    return _Walker(Path(path), copy=False).run(None)
+    return _Walker(Path(path), copy=False, id_base=id_base).run(None)
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -476,6 +487,29 @@ def _rmtree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+# Written to a layers directory once every opaque directory in it carries both markers.
+_BOTH_MARKERS = ".opaque-markers-v2"
+
+
+def _add_user_opaque_markers(layers_dir: Path) -> None:
+    """Give opaque directories of layers built before both markers were written the second.
+
+    Run once per layers directory; setting an xattr that is already set changes nothing,
+    so concurrent runs are harmless.
+    """
+    done = layers_dir / _BOTH_MARKERS
+    if done.exists():
+        return
+    for dirpath, _dirs, _files in os.walk(layers_dir):
+        try:
+            if os.getxattr(dirpath, OPAQUE_XATTR, follow_symlinks=False) == b"y":
+                os.setxattr(dirpath, USER_OPAQUE_XATTR, b"y", follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in _NO_XATTR:
+                raise
+    done.touch()
+
+
 class LayerStore:
     """Content-addressed layers and snapshot records under `root` (see the module doc)."""
 
@@ -493,6 +527,8 @@ class LayerStore:
         if self.memory_dir is not None:
             for d in (self.memory_dir / "layers", self.memory_dir / "tmp"):
                 d.mkdir(parents=True, exist_ok=True)
+        for d in (self.layers_dir, *([self.memory_dir / "layers"] if self.memory_dir is not None else [])):
+            _add_user_opaque_markers(d)
 
     def __repr__(self) -> str:
         return f"LayerStore({str(self.root)!r})"
@@ -504,10 +540,9 @@ class LayerStore:
         """Freeze the directory tree `src` into a layer; returns its digest.
 
         With `uid`/`gid`, every entry is owned by them (task workspaces, owned by the
-        sandbox's unprivileged user); without, ownership is preserved, or with `id_base`
-        translated back from a user namespace whose ids 0..65535 are the host's
-        id_base.. (the upper dir of a build sandbox).  See the module
-        doc for what is kept, what is dropped and the security rules.
+        sandbox's unprivileged user); without, ownership is preserved, read in the
+        numbering of a sandbox whose ids start at host id `id_base` if given.  See the
+        module doc for what is kept, what is dropped and the security rules.
         """
         src = Path(src)
         if not src.is_dir():

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tryloop.errors import TryloopError
+from tryloop.sandbox.images import ImageError, find_in_layers, make_image
 from tryloop.sandbox.layers import OPAQUE_XATTR, USER_OPAQUE_XATTR, LayerStore
 
 WHITEOUT_PREFIX = ".wh."
@@ -52,12 +52,6 @@ OPAQUE_MARKER = ".wh..wh..opq"
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class ImageError(TryloopError):
-    """An image archive, Dockerfile or image reference is invalid; the message names it."""
-
-    exit_code = 65  # sysexits.h EX_DATAERR
 
 
 @dataclass
@@ -478,8 +472,6 @@ def import_archive(store: LayerStore, path: str | Path, *, ref: str | None = Non
 
     `on_layer(i, n, digest)` is called after each layer is in the store.
     """
-    from tryloop.sandbox.images import find_in_layers, make_image
-
     path = Path(path)
     ar = _Archive(path)
     try:

@@ -7,13 +7,10 @@ import os
 import signal as _signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tryloop.errors import SandboxError
 from tryloop.sandbox import protocol as P
-
-if TYPE_CHECKING:
-    from tryloop.sandbox.sandbox import Sandbox
 
 OutputCallback = Callable[[str, bytes], None]
 
@@ -66,10 +63,24 @@ class _Stream:
     watched: bool = False  # registered with the event loop
 
 
+class CommandHost(Protocol):
+    """What a Process needs of the sandbox it runs in (a `Sandbox`); declared here so
+    that this module does not import the one that uses it."""
+
+    id: str
+
+    def _send_kill(self, exec_id: int, sig: int) -> None: ...
+    def _fail(self, reason: str) -> None: ...
+    def _on_output(self, s: _Stream) -> None: ...
+    def _watch(self, streams: list[_Stream]) -> None: ...
+    def _close_stream(self, s: _Stream) -> None: ...
+    def _result_from(self, r: P.Reply, streams: list[_Stream]) -> ExecResult: ...
+
+
 class Process:
     """A command running in a sandbox. Await `wait()` for its ExecResult."""
 
-    def __init__(self, sandbox: Sandbox, exec_id: int, pid: int, streams: list[_Stream],
+    def __init__(self, sandbox: CommandHost, exec_id: int, pid: int, streams: list[_Stream],
                  stdin_fd: int | None, exit_future: asyncio.Future, timeout_s: float,
                  where: tuple[str, str], watcher: asyncio.TimerHandle | None = None):
         self._sandbox = sandbox
@@ -179,7 +190,7 @@ class Process:
         return self._result
 
 
-def _failure_result(sb: Sandbox, where: tuple[str, str], r: P.Reply) -> ExecResult:
+def _failure_result(sb: CommandHost, where: tuple[str, str], r: P.Reply) -> ExecResult:
     """A start failure the agent caused (no such program or directory) reads like a
     shell's (exit 127 / 126); anything else is an infrastructure error."""
     why = os.strerror(r.err)

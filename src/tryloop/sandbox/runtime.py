@@ -4,6 +4,10 @@ One `SandboxRuntime` per process is enough; it owns the layer store, the cgroup
 parent, the compiled init and the seccomp filters, and records every sandbox it
 creates in a state directory so that a crashed owner's leftovers are reclaimed
 by the next runtime to start (or by `tryloop sandbox gc`).
+
+Where the host allows (`runtime.user_namespaces`), each sandbox also gets a user
+namespace whose ids 0..65535 are a host id range of its own, claimed in a host-wide
+registry (idranges.py) and released when it closes.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import resource
 import secrets
@@ -28,10 +33,13 @@ from tryloop.errors import HostUnsupported, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
+from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
 from tryloop.sandbox.images import Image, host_image, load_image
 from tryloop.sandbox.layers import LayerStore, Snapshot
 from tryloop.sandbox.native import build_init
 from tryloop.sandbox.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,22 +48,13 @@ class GcReport:
     cgroups: int = 0
     processes: int = 0
     tmp_dirs: int = 0
+    id_ranges: int = 0
     kept: int = 0
     details: list[str] = field(default_factory=list)
 
     @property
     def reclaimed(self) -> int:
-        return self.records + self.cgroups + self.tmp_dirs
-
-
-def _start_time(pid: int) -> int | None:
-    """Kernel start time of a process (clock ticks since boot), to tell pids apart after reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+        return self.records + self.cgroups + self.tmp_dirs + self.id_ranges
 
 
 def _raise_nofile() -> None:
@@ -72,7 +71,7 @@ class SandboxRuntime:
         self.config = config or RuntimeConfig()
         from tryloop.sandbox.doctor import require_host
 
-        require_host()
+        require_host(self.config)  # with user_namespaces: on, also that the host gives them
         mem = self.config.memory_dir
         self.store = LayerStore(self.config.store_dir, mem if mem is not None and mem.parent.is_dir() else None)
         self.cgroups = CgroupHost.detect(self.config.cgroup_name)
@@ -91,10 +90,33 @@ class SandboxRuntime:
         self._images: dict[str, Image] = {}
         self._host_images: dict[tuple[int, int], Image] = {}
         self._live: dict[str, Sandbox] = {}
-        self._me = (os.getpid(), _start_time(os.getpid()))
+        self._me = (os.getpid(), start_time(os.getpid()))
+        self.id_ranges = self._id_ranges()
         _raise_nofile()
         if gc:
             self.gc()
+
+    def _id_ranges(self) -> IdRanges | None:
+        """The id-range registry if sandboxes get user namespaces here, else None (logged)."""
+        from tryloop.sandbox.doctor import user_namespace_support
+
+        mode = self.config.user_namespaces
+        if mode == "off":
+            self.user_namespaces_detail = "off (runtime.user_namespaces: off)"
+            log.warning("sandboxes run without a user namespace (runtime.user_namespaces: off): "
+                        "the agent's uid is the host's uid of the same number")
+            return None
+        ok, self.user_namespaces_detail = user_namespace_support(self.config)
+        if not ok:  # "on" was refused by require_host: this is "auto"
+            log.warning("sandboxes run without a user namespace, which this host cannot give them "
+                        "(runtime.user_namespaces: auto): %s", self.user_namespaces_detail)
+            return None
+        return IdRanges(self.config.id_ranges_dir, self.config.id_ranges_first, self._me)
+
+    @property
+    def user_namespaces(self) -> bool:
+        """Whether each sandbox of this runtime gets a user namespace and an id range of its own."""
+        return self.id_ranges is not None
 
     # ---- images and snapshots -------------------------------------------
 
@@ -164,22 +186,27 @@ class SandboxRuntime:
     # ---- sandboxes ---------------------------------------------------------
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
-                     *, timeout: float = 10.0, id_base: int = 0) -> Sandbox:
-        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image).
-
-        `id_base` > 0 runs it in a user namespace of its own whose ids 0..65535 are the
-        host's id_base.. (image builds, whose commands run as the namespace's root);
-        uid 0 is refused without one."""
+                     *, timeout: float = 10.0) -> Sandbox:
+        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image)."""
         cfg = config or SandboxConfig()
-        if (cfg.uid == 0 or cfg.gid == 0) and id_base <= 0:
-            raise SandboxError("a sandbox runs commands as uid 0 only in a user namespace (id_base)")
+        if self.id_ranges is not None and max(cfg.uid, cfg.gid) >= RANGE:
+            raise SandboxError(f"agent uid {cfg.uid} / gid {cfg.gid}: a sandbox's user namespace maps ids "
+                               f"0..{RANGE - 1} only")
+        if min(cfg.uid, cfg.gid) == 0 and self.id_ranges is None:  # image builds ask for the namespace's root
+            raise SandboxError("commands run as uid 0 only in a sandbox with a user namespace, which this "
+                               f"runtime does not give ({self.user_namespaces_detail})")
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
         cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
         lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
         sid = secrets.token_hex(6)
         lim = cfg.limits
-        self._write_record(sid)
+        id_base = self.id_ranges.claim(sid) if self.id_ranges is not None else 0
+        try:
+            self._write_record(sid, id_base)
+        except BaseException:
+            self._release_range(id_base)
+            raise
         cg = None
         parent_sock = child_sock = None
         launcher = 0
@@ -192,9 +219,9 @@ class SandboxRuntime:
                      ("net", "1" if cfg.network else "0"), ("quota", str(lim.disk_mb << 20)),
                      ("shm", str(lim.dev_shm_mb << 20)),
                      ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
-            items += [("lower", p) for p in lowers]
-            if id_base > 0:
+            if id_base:
                 items.append(("idbase", str(id_base)))
+            items += [("lower", p) for p in lowers]
             for src, dst in image.binds:
                 items += [("bsrc", src), ("bdst", dst)]
             items += [("cg", str(p)) for p in cg.procs_files()]
@@ -208,7 +235,7 @@ class SandboxRuntime:
             parent_sock.setblocking(False)
             env = dict(image.env)
             env.update(cfg.env)
-            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock)
+            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base)
             parent_sock = None
             try:
                 await sb._handshake(timeout)
@@ -222,6 +249,9 @@ class SandboxRuntime:
             finally:
                 _reap(launcher)
                 launcher = 0
+            if id_base and self.id_ranges is not None:
+                # From here the range is held while the init lives, even past our own death.
+                self.id_ranges.started(id_base, sid, sb.init_pid)
             self._live[sid] = sb
             return sb
         except BaseException:
@@ -234,14 +264,22 @@ class SandboxRuntime:
                 with contextlib.suppress(Exception):
                     cg.remove()
             self._remove_record(sid)
+            self._release_range(id_base)
             raise
 
+    def _release_range(self, id_base: int) -> None:
+        if id_base and self.id_ranges is not None:
+            self.id_ranges.release(id_base)
+
     def _forget(self, sb: Sandbox) -> None:
+        # The init has been reaped: every process of the sandbox is gone with it (pid 1 of
+        # its pid namespace), so nothing runs with the range's ids any more.
         self._live.pop(sb.id, None)
         try:
             sb.cgroup.remove()
         finally:
             self._remove_record(sb.id)
+            self._release_range(sb.id_base)
 
     @property
     def live(self) -> list[Sandbox]:
@@ -252,9 +290,9 @@ class SandboxRuntime:
 
     # ---- crash records and garbage collection ------------------------------
 
-    def _write_record(self, sid: str) -> None:
+    def _write_record(self, sid: str, id_base: int = 0) -> None:
         data = json.dumps({"id": sid, "owner_pid": self._me[0], "owner_start": self._me[1],
-                           "cgroup": sid, "created": time.time()})
+                           "cgroup": sid, "id_base": id_base, "created": time.time()})
         fd = os.open(self.records_dir / f"{sid}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data.encode())
@@ -284,7 +322,7 @@ class SandboxRuntime:
             owner = (rec["owner_pid"], rec["owner_start"])
             # Only a dead owner's sandboxes are reclaimed: a live process may hold
             # several runtimes, each with its own sandboxes.
-            if _start_time(owner[0]) == owner[1]:
+            if start_time(owner[0]) == owner[1]:
                 recorded.add(rec["cgroup"])
                 report.kept += 1
                 continue
@@ -312,6 +350,12 @@ class SandboxRuntime:
                 self.cgroups.remove(name)
                 report.cgroups += 1
                 report.details.append(f"removed empty orphan cgroup {name}")
+        if self.id_ranges is not None:
+            # After the cgroups: a dead owner's sandboxes are gone, and their ranges with them.
+            freed = self.id_ranges.reclaim_dead()
+            report.id_ranges += len(freed)
+            if freed:
+                report.details.append(f"released {len(freed)} id ranges of dead owners")
         cutoff = time.time() - 3600
         for entry in self.store.tmp_dir.iterdir():
             with contextlib.suppress(OSError):

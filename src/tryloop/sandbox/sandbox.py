@@ -20,20 +20,30 @@ import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from tryloop.config import SandboxConfig
 from tryloop.errors import SandboxClosed, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox.files import FileInfo, SandboxFiles
-from tryloop.sandbox.layers import Snapshot
+from tryloop.sandbox.layers import OVERFLOW_ID, LayerStore, Snapshot
 from tryloop.sandbox.process import ExecResult, OutputCallback, Process, _failure_result, _Stream
 
 if TYPE_CHECKING:
     from tryloop.sandbox.cgroups import SandboxCgroup
-    from tryloop.sandbox.runtime import SandboxRuntime
 
 Command = str | Sequence[str]
+
+
+class SandboxOwner(Protocol):
+    """What a sandbox needs of the runtime that made it (a `SandboxRuntime`); declared
+    here so that this module does not import the one that uses it."""
+
+    store: LayerStore
+
+    async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
+                     *, timeout: float = 10.0) -> Sandbox: ...
+    def _forget(self, sb: Sandbox) -> None: ...
 
 
 class Sandbox:
@@ -44,10 +54,13 @@ class Sandbox:
     capabilities, no_new_privs and a seccomp filter, inside private namespaces.
     """
 
-    def __init__(self, runtime: SandboxRuntime, sid: str, snapshot: Snapshot, config: SandboxConfig,
-                 env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket):
+    def __init__(self, runtime: SandboxOwner, sid: str, snapshot: Snapshot, config: SandboxConfig,
+                 env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket, *,
+                 id_base: int = 0):
         self.runtime = runtime
         self.id = sid
+        # With a user namespace, id N inside is host id id_base + N; 0: no user namespace.
+        self.id_base = id_base
         self.snapshot = snapshot
         self.config = config
         self._base_env = env
@@ -441,6 +454,17 @@ class Sandbox:
         self.resets += 1
         return reply.wall_ns / 1e9
 
+    def host_id(self, sandbox_id: int) -> int:
+        """The host's number of one of the sandbox's uids or gids."""
+        return self.id_base + sandbox_id
+
+    def sandbox_id(self, host_id: int) -> int:
+        """The sandbox's number of a host uid or gid (the overflow id if outside its range)."""
+        if not self.id_base:
+            return host_id
+        inside = host_id - self.id_base
+        return inside if 0 <= inside < 1 << 16 else OVERFLOW_ID
+
     def upper_dir(self) -> Path:
         """The writable layer as the host sees it (through the init's root)."""
         self._check()
@@ -462,7 +486,7 @@ class Sandbox:
         try:
             self.cgroup.freeze()
             # Inline, not in a thread: a thread hand-off costs more than the copy.
-            layer = self.runtime.store.add_tree(self.upper_dir(), memory=not persist)
+            layer = self.runtime.store.add_tree(self.upper_dir(), memory=not persist, id_base=self.id_base)
         finally:
             self.cgroup.thaw()  # also after a freeze that timed out half-way
         snap = self.snapshot.child(layer)

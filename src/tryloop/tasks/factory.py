@@ -43,7 +43,13 @@ class BuildOptions:
     multifile: bool = True
     seed: int = 0
     eval_fraction: float = 0.25
+    # Overrides per source of independent problems (split by family). Tasks split by project keep
+    # eval_fraction: a project's mutation and multi-file tasks must land on one side.
+    eval_fraction_by_source: dict[str, float] = field(default_factory=dict)
     gate: GateConfig = field(default_factory=GateConfig)
+
+    def fraction(self, source: str) -> float:
+        return self.eval_fraction_by_source.get(source, self.eval_fraction)
 
 
 def bundled_projects(root: Path = PROJECTS_DIR) -> list[Project]:
@@ -217,7 +223,7 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
     projects = {p.name: p for p in bundled_projects()}
     he = humaneval_tasks(work_dir / "humaneval", limit=opts.humaneval)
     for task in he:
-        await admit(runtime, store, task, report, "humaneval", opts.gate, eval_fraction=opts.eval_fraction,
+        await admit(runtime, store, task, report, "humaneval", opts.gate, eval_fraction=opts.fraction("humaneval"),
                     seed=opts.seed)
         if progress:
             progress(task.id, None)
@@ -233,7 +239,7 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
                         ("ops", opts.ops_per_family)):
         if per:
             sub = await build_family(runtime, store, work_dir, family, gate=opts.gate, per_family=per,
-                                     eval_fraction=opts.eval_fraction, seed=opts.seed, progress=progress)
+                                     eval_fraction=opts.fraction(family), seed=opts.seed, progress=progress)
             report.merge(sub)
     if opts.multifile:
         for bug in multifile_bugs():

@@ -30,10 +30,12 @@ def assign_split(meta: TaskMeta, eval_fraction: float, seed: int = 0) -> str:
 
 
 def apply_splits(store: TaskStore, eval_fraction: float = 0.2, seed: int = 0, *,
-                 overwrite: bool = False) -> dict[str, int]:
+                 overwrite: bool = False, by_source: dict[str, float] | None = None) -> dict[str, int]:
+    """Split every unsplit task (every task with `overwrite`); `by_source` overrides the share per source."""
     counts = {"train": 0, "eval": 0}
     for e in store.query(latest=False):
-        split = e.meta.split if (e.meta.split and not overwrite) else assign_split(e.meta, eval_fraction, seed)
+        share = (by_source or {}).get(e.meta.source, eval_fraction)
+        split = e.meta.split if (e.meta.split and not overwrite) else assign_split(e.meta, share, seed)
         if split != e.meta.split:
             store.update_meta(e.fingerprint, split=split)
         counts[split] += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tryloop.agent.trajectory import Trajectory
+from tryloop.train.batch import turn_spans
 from tryloop.train.config import TrainConfig
 
 Rewards = Sequence[float] | torch.Tensor
@@ -134,6 +135,30 @@ class Advantages:
     values: list[float | None]
     rewards: list[float | None]         # the rewards the group statistics saw (after flags)
     report: AdvantageReport
+    per_turn: list[list[float] | None] = field(default_factory=list)   # substep_credit: one per turn
+
+    def for_update(self) -> list[float | list[float] | None]:
+        """What the learner trains on: the per-turn advantages where there are some, else the episode's."""
+        turns = self.per_turn or [None] * len(self.values)
+        return [t if t is not None and v is not None else v for v, t in zip(self.values, turns, strict=True)]
+
+
+# --- sub-step credit --------------------------------------------------------
+
+def turn_rewards(traj: Trajectory) -> list[float] | None:
+    """The reward each turn is credited with: every sub-step's part to the turns up to the one that
+    first met it (to all turns if it was never met), the rest of the reward to every turn. None when
+    the episode cannot be split: no tracked sub-steps, a reward a flag changed, or turns that do not
+    line up with the sampled token runs."""
+    first = traj.meta.get("substeps_first_met")
+    parts = traj.meta.get("substep_rewards")
+    if not first or not parts or traj.reward is None or traj.meta.get("flag_action") in ("zero", "penalize"):
+        return None
+    n = len(traj.turns)
+    if n < 2 or len(turn_spans(traj.loss_mask)) != n:
+        return None
+    rest = float(traj.reward) - sum(parts.values())
+    return [rest + sum(v for k, v in parts.items() if first.get(k) is None or t <= first[k]) for t in range(n)]
 
 
 def compute_advantages(trajectories: Sequence[Trajectory],
@@ -161,6 +186,7 @@ def compute_advantages(trajectories: Sequence[Trajectory],
         groups.setdefault(group_key(t), []).append(i)
 
     report.groups = len(groups)
+    per_turn: list[list[float] | None] = [None] * n
     for key, idx in groups.items():
         group_rewards = [rewards[i] for i in idx]
         if cfg.shuffle_rewards:  # seeded by the group, so a resumed run shuffles the same way
@@ -174,5 +200,14 @@ def compute_advantages(trajectories: Sequence[Trajectory],
         for i, a in zip(idx, adv.tolist(), strict=True):
             values[i] = a
         report.trained += len(idx)
-    return Advantages(values=values, rewards=rewards, report=report)
+        if cfg.substep_credit and not cfg.shuffle_rewards:
+            # Every estimator is affine in an episode's reward within its group, so a turn's advantage is
+            # the episode's moved by the estimator's slope times how far the turn's reward is from it.
+            r = torch.tensor(group_rewards, dtype=torch.float64)
+            slope = float((adv.max() - adv.min()) / (r.max() - r.min()))
+            for i in idx:
+                tr = turn_rewards(trajectories[i])
+                if tr is not None:
+                    per_turn[i] = [values[i] + slope * (x - rewards[i]) for x in tr]  # type: ignore[operator]
+    return Advantages(values=values, rewards=rewards, report=report, per_turn=per_turn)
 

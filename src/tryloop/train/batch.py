@@ -50,7 +50,34 @@ class Batch:
         return Batch(**moved)
 
 
-def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float],
+def turn_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of sampled tokens: one per turn the policy spoke in."""
+    spans, start = [], None
+    for i, m in enumerate(loss_mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(loss_mask)))
+    return spans
+
+
+def _token_advantages(t: Trajectory, a: float | Sequence[float]) -> torch.Tensor:
+    """One advantage per token of `t`: the episode's, or each turn's on that turn's sampled tokens."""
+    if isinstance(a, int | float):
+        return torch.full((len(t.token_ids),), float(a))
+    spans = turn_spans(t.loss_mask)
+    if len(spans) != len(a):
+        raise ValueError(f"episode {t.episode_id}: {len(a)} turn advantages for {len(spans)} sampled turns")
+    out = torch.zeros(len(t.token_ids))
+    for (start, end), v in zip(spans, a, strict=True):
+        out[start:end] = float(v)
+    return out
+
+
+def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float | Sequence[float]],
             max_length: int | None = None, pad_id: int = 0) -> Batch:
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
@@ -80,7 +107,7 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float],
         # The shift: target j is token j+1.
         loss_mask[i, : n - 1] = torch.tensor(t.loss_mask[1:n], dtype=torch.float32)
         old_lp[i, : n - 1] = torch.tensor(t.logprobs[1:n], dtype=torch.float32)
-        adv[i, : n - 1] = float(a)
+        adv[i, : n - 1] = _token_advantages(t, a)[1:n]
     adv *= loss_mask
     old_lp *= loss_mask  # a logprob off the mask means nothing; keep it out of any sum
     truncated = sum(len(t.token_ids) > n for t, n in zip(trajectories, lengths, strict=True))

@@ -35,6 +35,9 @@ class TrainConfig(_Model):
                                  "rewards differ only by a small shaping term (nothing passes, one answer "
                                  "compiles) keeps small advantages instead of being blown up to +-1.7 "
                                  "like a real pass/fail split")
+    substep_credit: bool = Field(False, description="tasks with tracked sub-steps: each sub-step's part of the "
+                                 "reward goes to the turns up to the one that first met it, the rest of the "
+                                 "reward to every turn (turns after the last sub-step earn only the rest)")
     shuffle_rewards: bool = Field(False, description="negative control: shuffle the rewards within each "
                                   "group before the advantages, so the update carries no information about "
                                   "which answer was right (a run that still improves learned something else)")

@@ -175,10 +175,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 runner: EpisodeRunner | None = None, stop_after_step: int | None = None) -> TrainResult:
     """Run (or resume) `tcfg.run_id`. `stop_after_step` ends early after that step (tests)."""
     from tryloop.agent.hf import load_model
-    from tryloop.agent.hf_policy import HFPolicy
-    from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_key, zone_table
+    from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
+    from tryloop.train.zone import sampler_policy, zone_key_for
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -204,9 +204,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
     learner_model = (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
     learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
-    policy = HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
-                      max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
-                      max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype)
+    policy = sampler_policy(loaded, tcfg)
     all_threads = torch.get_num_threads()
     rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
     torch.set_num_threads(rollout_threads)
@@ -225,11 +223,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         prior: dict[str, float] = {}
         train_tasks, eval_tasks = train_all, eval_all
         if tcfg.zone:
-            from tryloop.agent.episode import ANSWER_ONLY_PROMPT, SYSTEM_PROMPT
-
-            setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT,
-                                "zone-seed-v2", tcfg.seed])
-            key = zone_key(loaded.weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
+            key = zone_key_for(tcfg, loaded.weights_version)
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
             emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
@@ -359,7 +353,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             rollout_s = t0 - t_step
             torch.set_num_threads(all_threads)      # nothing else runs during the update
             try:
-                learn = await asyncio.to_thread(learner.step, trajs, adv.values)
+                learn = await asyncio.to_thread(learner.step, trajs, adv.for_update())
                 weights = await asyncio.to_thread(learner.export_weights, True)
                 await policy.engine.update_weights(weights, version=f"step-{step}")
             finally:

@@ -175,7 +175,7 @@ class Learner:
     # --- the update -------------------------------------------------------
 
     def _plan(self, trajectories: Sequence[Trajectory],
-              advantages: Sequence[float]) -> list[list[Batch]]:
+              advantages: Sequence[float | Sequence[float]]) -> list[list[Batch]]:
         cfg = self.config
         pairs = list(zip(trajectories, advantages, strict=True))
         per_step = cfg.micro_batch * cfg.grad_accum if cfg.grad_accum else len(pairs)
@@ -187,8 +187,9 @@ class Learner:
         return plan
 
     def step(self, trajectories: Sequence[Trajectory],
-             advantages: Sequence[float | None]) -> dict[str, float]:
-        """Train on every trajectory whose advantage is not None; return metrics."""
+             advantages: Sequence[float | Sequence[float] | None]) -> dict[str, float]:
+        """Train on every trajectory whose advantage is not None (one per episode, or one per turn);
+        return metrics."""
         cfg = self.config
         t0 = time.perf_counter()
         kept = [(t, a) for t, a in zip(trajectories, advantages, strict=True) if a is not None]

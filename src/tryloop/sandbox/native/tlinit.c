@@ -10,7 +10,9 @@
  *
  * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup
  * (and net unless the sandbox shares the host network), clones the init as a
- * sibling (CLONE_PARENT: a child of the host), reports its host pid and exits. The child is pid 1 of the new pid namespace: it
+ * sibling (CLONE_PARENT: a child of the host), reports its host pid and exits.
+ * Given `idbase`, the init also gets a user namespace of its own, its ids 0..65535
+ * mapped to the host's idbase.. (see launch_in_user_namespace). The child is pid 1 of the new pid namespace: it
  * builds a private root (tmpfs staging root holding bind mounts of the image
  * layers, a size-capped tmpfs for the writable layer and the overlay the agent
  * sees), pivots into it and then serves requests until the control socket
@@ -103,7 +105,7 @@ static struct {
     char *seccomp_path;
     int net;                    /* 1: share host network */
     uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
-    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* idmapped mounts made by the launcher */
+    int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* mounts made by the launcher (layers idmapped) */
     uint64_t quota, shm;
     uint64_t lifetime_ms;
 } cfg;
@@ -228,14 +230,19 @@ static int set_attr_recursive(const char *path, uint64_t attrs) {
 #define TL_MOVE_MOUNT_F_EMPTY_PATH 0x4
 #define TL_ATTR_IDMAP 0x100000
 
-/* A detached copy of `path` (and its submounts if `recursive`) whose ids are shown
- * through the user namespace `userns`: on-disk id N reads as id N inside it. Only a
- * process of the host's user namespace may make one; the sandbox then moves it in. */
-static int idmapped_tree(const char *path, int userns, int recursive, uint64_t attrs) {
+/* A detached copy of `path` (and its submounts if `recursive`), made by the launcher
+ * in the host's user namespace and moved into the sandbox's mount namespace by its
+ * init. With `userns` >= 0 it is idmapped: on-disk id N reads as id N inside that
+ * namespace (only a process of the host's user namespace may make one). Without, the
+ * host's ids stay the host's, so inside they read as the overflow id 65534 and the
+ * sandbox's root owns nothing on it. Cloning here also lets the init reach sources it
+ * could not open itself (a Python under the host's /root, mode 0700). */
+static int detached_tree(const char *path, int userns, int recursive, uint64_t attrs) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path,
                           TL_OPEN_TREE_CLONE | O_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
     if (fd < 0) return -1;
-    struct tl_mount_attr a = {attrs | TL_ATTR_IDMAP, 0, 0, (uint64_t)userns};
+    struct tl_mount_attr a = {attrs | (userns >= 0 ? TL_ATTR_IDMAP : 0), 0, 0,
+                              userns >= 0 ? (uint64_t)userns : 0};
     if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &a, sizeof a) < 0) {
         int e = errno;
         close(fd);
@@ -339,28 +346,72 @@ static int mount_rootfs(void) {
     return mount_proc();
 }
 
+#ifndef SYS_fsopen
+#define SYS_fsopen 430
+#endif
+#ifndef SYS_fsconfig
+#define SYS_fsconfig 431
+#endif
+#ifndef SYS_fsmount
+#define SYS_fsmount 432
+#endif
+#define TL_FSCONFIG_SET_STRING 1
+#define TL_FSCONFIG_CMD_CREATE 6
+#define TL_FSOPEN_CLOEXEC 1
+#define TL_FSMOUNT_CLOEXEC 1
+
+/* The staging tmpfs of a sandbox with a user namespace: attached on the current
+ * directory (the launcher's, which the new mount namespace translated: the mount point)
+ * and entered through its own descriptor. The init never looks the mount point up by
+ * path, which would need every ancestor open to a sandbox's root that the host does not
+ * know (a state directory under a mode-0700 one). Leaves the cwd at the tmpfs's root. */
+static int mount_stage_here(void) {
+    int fs = (int)syscall(SYS_fsopen, "tmpfs", TL_FSOPEN_CLOEXEC);
+    if (fs < 0) return -1;
+    int m = -1;
+    if (syscall(SYS_fsconfig, fs, TL_FSCONFIG_SET_STRING, "source", "tlstage", 0) == 0 &&
+        syscall(SYS_fsconfig, fs, TL_FSCONFIG_SET_STRING, "size", "64k", 0) == 0 &&
+        syscall(SYS_fsconfig, fs, TL_FSCONFIG_SET_STRING, "mode", "0700", 0) == 0 &&
+        syscall(SYS_fsconfig, fs, TL_FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+        m = (int)syscall(SYS_fsmount, fs, TL_FSMOUNT_CLOEXEC, TL_ATTR_NOSUID | TL_ATTR_NODEV);
+    int e = errno;
+    close(fs);
+    errno = e;
+    if (m < 0) return -1;
+    int r = (int)syscall(SYS_move_mount, m, "", AT_FDCWD, ".", TL_MOVE_MOUNT_F_EMPTY_PATH);
+    if (r == 0) r = fchdir(m);
+    e = errno;
+    close(m);
+    errno = e;
+    return r;
+}
+
 static void setup_root(void) {
     char path[4096];
+    /* Where the staging root is: the mount point itself, or (user namespace) the cwd. */
+    const char *stage = cfg.idbase ? "." : cfg.mnt;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fatal(S_MOUNT);
-    if (mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0) fatal(S_MOUNT);
+    if (cfg.idbase ? mount_stage_here() < 0
+                   : mount("tlstage", cfg.mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700") < 0)
+        fatal(S_MOUNT);
     static const char *dirs[] = {"rw", "root", "old", "layers", "binds", "devs", "proc", "empty"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", cfg.mnt, dirs[i]);
+        snprintf(path, sizeof path, "%s/%s", stage, dirs[i]);
         if (mkdir(path, !strcmp(dirs[i], "empty") ? 0555 : 0700) < 0) fatal(S_MOUNT);
     }
     /* The empty directory that masks /proc directories: a read-only mount of its own. */
-    snprintf(path, sizeof path, "%s/empty", cfg.mnt);
+    snprintf(path, sizeof path, "%s/empty", stage);
     if (mount(path, path, NULL, MS_BIND, NULL) < 0 ||
         set_attr_recursive(path, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_NOEXEC) < 0)
         fatal(S_MOUNT);
     /* This pid namespace's proc, mounted while the host's /proc is still visible (a user
      * namespace may mount proc only then); every /root/proc is a bind of it. */
-    snprintf(path, sizeof path, "%s/proc", cfg.mnt);
+    snprintf(path, sizeof path, "%s/proc", stage);
     if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fatal(S_MOUNT);
     for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
         char src[64];
         snprintf(src, sizeof src, "/dev/%s", dev_nodes[i]);
-        snprintf(path, sizeof path, "%s/devs/%s", cfg.mnt, dev_nodes[i]);
+        snprintf(path, sizeof path, "%s/devs/%s", stage, dev_nodes[i]);
         int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
         if (fd < 0) fatal(S_MOUNT);
         close(fd);
@@ -369,23 +420,23 @@ static void setup_root(void) {
     }
     /* Lower layers and bind sources are bound into the staging root so that a
      * reset, after pivot_root, can mount them again without the host's tree. With a
-     * user namespace they are the launcher's idmapped mounts, moved in. */
+     * user namespace they are the launcher's mounts (layers idmapped), moved in. */
     for (int i = 0; i < cfg.nlower; i++) {
-        snprintf(path, sizeof path, "%s/layers/%d", cfg.mnt, i);
+        snprintf(path, sizeof path, "%s/layers/%d", stage, i);
         if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
         if (cfg.idbase ? move_mount_fd(cfg.lower_fd[i], path) < 0
                        : mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0)
             fatal(S_MOUNT);
     }
     for (int i = 0; i < cfg.nbind; i++) {
-        snprintf(path, sizeof path, "%s/binds/%d", cfg.mnt, i);
+        snprintf(path, sizeof path, "%s/binds/%d", stage, i);
         if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
         if (cfg.idbase ? move_mount_fd(cfg.bind_fd[i], path) < 0
                        : mount(cfg.bsrc[i], path, NULL, MS_BIND | MS_REC, NULL) < 0)
             fatal(S_MOUNT);
     }
-    snprintf(path, sizeof path, "%s/old", cfg.mnt);
-    if (syscall(SYS_pivot_root, cfg.mnt, path) < 0) fatal(S_PIVOT);
+    snprintf(path, sizeof path, "%s/old", stage);
+    if (syscall(SYS_pivot_root, stage, path) < 0) fatal(S_PIVOT);
     if (chdir("/") < 0 || umount2("/old", MNT_DETACH) < 0) fatal(S_PIVOT);
     rmdir("/old");
     if (mount_rootfs() < 0) fatal(S_MOUNT);
@@ -976,12 +1027,14 @@ static void serve(void) {
  * idbase..idbase+65535, ids no host user has and no other sandbox shares. The
  * namespaces are created together by one clone, so the user namespace owns the
  * others. The launcher, still in the host's user namespace, writes the id maps and
- * makes the idmapped mounts of the layers and host binds (which only it may do);
+ * makes the idmapped mounts of the layers and the clones of the host binds (which
+ * only it may do);
  * the child shares its descriptor table (CLONE_FILES) and waits on a pipe for the
  * descriptor numbers, then becomes root of its namespace. */
 static pid_t launch_in_user_namespace(int flags) {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0) fatal(S_USERNS);
+    if (chdir(cfg.mnt) < 0) fatal(S_MOUNT); /* the child's cwd: its mount point (see mount_stage_here) */
     pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWUSER | CLONE_FILES | flags | SIGCHLD, 0, 0, 0, 0);
     if (pid < 0) fatal(S_USERNS);
     int n = cfg.nlower + cfg.nbind;
@@ -1007,10 +1060,14 @@ static pid_t launch_in_user_namespace(int flags) {
     snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
     int userns = ok ? open(path, O_RDONLY | O_CLOEXEC) : -1;
     ok = userns >= 0;
+    /* Layers hold the sandbox's own ids (the agent's files are uid 1000 on disk): they
+     * are idmapped. Host binds are not: the host's root stays unmapped inside, so even a
+     * process that regained every capability of the sandbox's user namespace could not
+     * write the host's /usr through a bind made writable again. */
     for (int i = 0; ok && i < cfg.nlower; i++)
-        ok = (fds[i] = idmapped_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+        ok = (fds[i] = detached_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
     for (int i = 0; ok && i < cfg.nbind; i++)
-        ok = (fds[cfg.nlower + i] = idmapped_tree(cfg.bsrc[i], userns, 1,
+        ok = (fds[cfg.nlower + i] = detached_tree(cfg.bsrc[i], -1, 1,
                                                   TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
     if (!ok) {
         int e = errno;
@@ -1054,6 +1111,14 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < cfg.ncg; i++)
         if (write_file(cfg.cg[i], "0") < 0) fatal(S_CGROUP);
+    /* The hard RLIMIT_NOFILE up to the kernel's ceiling while this launcher still has
+     * the host's CAP_SYS_RESOURCE (the root of a sandbox's user namespace lacks it): the
+     * zygote lowers it per command, which needs no privilege. Best effort. */
+    struct rlimit nofile;
+    if (nr_open && getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max < nr_open) {
+        nofile.rlim_max = nr_open;
+        (void)setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
     if (!cfg.net) flags |= CLONE_NEWNET;
     /* CLONE_PARENT: the init becomes a child of the host process (not of this

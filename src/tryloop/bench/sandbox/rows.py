@@ -1,423 +1,59 @@
-"""`tryloop bench sandbox`: sandbox latency, density and leaks, each next to its baseline.
-
-Every latency row runs in this one process, interleaved with its baselines
-(ours, baseline, baseline, ours, ...), so drift and noise hit both sides; it is
-reported as median, p99 and the ratio of the medians. What each row measures,
-and why the targets are what they are, is in benchmarks/README.md.
-
-    from tryloop.bench.sandbox import run
-    results = run(TryloopConfig(), quick=True, out=Path("results.json"))
-"""
+"""The benchmark itself: each latency row next to its baselines, density and leaks."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import json
-import math
 import os
 import platform
 import random
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from tryloop.bench.sandbox.common import (
+    BWRAP_ARGS,
+    DENSITY_CONCURRENCY,
+    POOL_SIZE,
+    WS_BYTES,
+    WS_FILES,
+    BenchError,
+    Sizes,
+)
+from tryloop.bench.sandbox.host import (
+    bwrap_check,
+    code_version,
+    ensure_headroom,
+    fd_count,
+    meminfo,
+    mount_count,
+    processes_running,
+    rss_kib,
+    scratch_dir,
+    settle,
+    slab_bytes,
+    spawn_wait,
+    timed_run,
+    zombie_children,
+)
+from tryloop.bench.sandbox.stats import Row, Series, Target, summarize
+from tryloop.bench.sandbox.workspace import Mutation, build_workspace
 from tryloop.config import PoolConfig, SandboxConfig, TryloopConfig
 from tryloop.errors import TryloopError
 
-__all__ = ["LATENCY_ROWS", "LEAK_CHECKS", "BenchError", "run"]
 
-#: Keys of the latency rows, in the order they run and print.
-LATENCY_ROWS = ("cold_create", "warm_acquire", "exec_true", "exec_python", "reset", "fork", "teardown")
-#: Counts the leak check reports; every one must be 0.
-LEAK_CHECKS = ("live_sandboxes", "cgroups", "init_processes", "zombie_children", "fds", "mounts", "records")
+class Bench:
+    """One run of the benchmark: `main()` fills `rows`, `density`, `leaks` and `host`."""
 
-BWRAP_ARGS = [
-    "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-    "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib", "--symlink", "usr/bin", "/bin",
-    "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true",
-]
-
-WS_FILES = 2000
-WS_BYTES = 50 << 20
-WS_DIRS = 40
-POOL_SIZE = 8
-DENSITY_CONCURRENCY = 8
-
-
-class BenchError(TryloopError):
-    """A benchmark step did not do what it claims to measure (a failed command, a wrong state)."""
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Samples per row. The copy baselines (0.1–1 s each) take `copies` samples, spread over the row."""
-
-    cold: int
-    warm: int
-    exec_true: int
-    exec_python: int
-    reset: int
-    fork: int
-    copies: int
-    density: int
-    cycles: int
-
-
-FULL = Sizes(cold=500, warm=500, exec_true=1500, exec_python=100, reset=500, fork=100, copies=20,
-             density=1000, cycles=10_000)
-QUICK = Sizes(cold=40, warm=40, exec_true=200, exec_python=8, reset=40, fork=8, copies=3,
-              density=100, cycles=500)
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of the samples."""
-    s = sorted(samples)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
-
-
-def summarize(samples: list[float]) -> dict[str, float | int]:
-    """n, p50, p99, mean, min, max, all in milliseconds."""
-    if not samples:
-        return {"n": 0}
-    def ms(seconds: float) -> float:
-        return round(seconds * 1e3, 4)
-
-    return {
-        "n": len(samples),
-        "p50_ms": ms(statistics.median(samples)),
-        "p99_ms": ms(percentile(samples, 99)),
-        "mean_ms": ms(statistics.fmean(samples)),
-        "min_ms": ms(min(samples)),
-        "max_ms": ms(max(samples)),
-    }
-
-
-@dataclass
-class Series:
-    label: str  # short, for the table
-    desc: str = ""  # what exactly is timed, for the JSON
-    samples: list[float] = field(default_factory=list)
-    unavailable: str = ""  # why there are no samples (e.g. bwrap not installed)
-
-    @property
-    def p50(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
-
-
-@dataclass(frozen=True)
-class Target:
-    text: str
-    p50_max_s: float | None = None  # ours p50 at most this
-    ratio_max: float | None = None  # ours p50 at most this times baselines[0] p50
-
-    def verdict(self, ours: Series, baselines: list[Series]) -> str | None:
-        if ours.p50 is None:
-            return None
-        if self.p50_max_s is not None:
-            return "meets" if ours.p50 <= self.p50_max_s else "misses"
-        if self.ratio_max is not None and baselines and baselines[0].p50:
-            return "meets" if ours.p50 <= self.ratio_max * baselines[0].p50 else "misses"
-        return None
-
-
-@dataclass
-class Row:
-    key: str
-    title: str
-    ours: Series
-    baselines: list[Series]
-    target: Target | None = None
-    notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        base = []
-        for b in self.baselines:
-            d: dict[str, Any] = {"label": b.label, "desc": b.desc, **summarize(b.samples)}
-            if b.unavailable:
-                d["unavailable"] = b.unavailable
-            if b.p50 and self.ours.p50 is not None:
-                d["ratio"] = round(self.ours.p50 / b.p50, 4)
-            base.append(d)
-        return {
-            "title": self.title,
-            "ours": {"label": self.ours.label, "desc": self.ours.desc, **summarize(self.ours.samples)},
-            "baselines": base,
-            "target": self.target.text if self.target else None,
-            "verdict": self.target.verdict(self.ours, self.baselines) if self.target else None,
-            "notes": self.notes,
-            **({"extra": self.extra} if self.extra else {}),
-        }
-
-
-# --------------------------------------------------------------------------- host probes
-
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in KiB."""
-    out: dict[str, int] = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                out[key] = int(parts[0])
-    return out
-
-
-def rss_kib(pid: int) -> tuple[int, int]:
-    """(VmRSS, RssAnon) of a process in KiB; VmRSS counts shared file pages in every process."""
-    rss = anon = 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("RssAnon:"):
-                    anon = int(line.split()[1])
-    except OSError:
-        pass
-    return rss, anon
-
-
-def _cpu_times() -> tuple[int, int]:
-    """(total, idle + iowait) jiffies of all CPUs."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v), v[3] + v[4]
-
-
-async def settle(max_wait: float = 3.0, quiet: float = 0.25) -> float:
-    """Wait (at most `max_wait` s) for a 100 ms window in which the host's CPUs are at most
-    `quiet` busy, so a row does not start in the kernel cleanup of the last one; returns
-    the busy fraction of the last window (others' load shows up here too)."""
-    deadline = time.monotonic() + max_wait
-    while True:
-        a = _cpu_times()
-        await asyncio.sleep(0.1)
-        b = _cpu_times()
-        busy = 1 - (b[1] - a[1]) / max(1, b[0] - a[0])
-        if busy <= quiet or time.monotonic() > deadline:
-            return busy
-
-
-def scratch_dir() -> Path:
-    """A temp dir on tmpfs when there is room (copies there are the fastest a copy-based
-    system could do, so the copy baselines are the toughest), else in the default temp dir."""
-    shm = Path("/dev/shm")
-    with contextlib.suppress(OSError):
-        st = os.statvfs(shm)
-        with open("/proc/self/mounts") as f:
-            on_tmpfs = any(line.split()[1] == str(shm) and line.split()[2] == "tmpfs" for line in f)
-        if on_tmpfs and st.f_bavail * st.f_frsize > 8 * WS_BYTES:
-            return Path(tempfile.mkdtemp(prefix="tryloop-bench-", dir=shm))
-    return Path(tempfile.mkdtemp(prefix="tryloop-bench-"))
-
-
-def slab_bytes() -> dict[str, int]:
-    """Bytes held by each slab cache (/proc/slabinfo, root only); {} when unreadable."""
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/slabinfo") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 3 and parts[1].isdigit():
-                    out[parts[0]] = int(parts[2]) * int(parts[3])  # num_objs * objsize
-    except OSError:
-        pass
-    return out
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def mount_count() -> int:
-    with open("/proc/self/mounts") as f:
-        return sum(1 for _ in f)
-
-
-def processes_running(path: Path) -> set[int]:
-    """Pids whose executable (or argv[0], where exe cannot be read) is `path`."""
-    want = str(path)
-    found: set[int] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            exe = os.readlink(f"/proc/{name}/exe")
-        except OSError:
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    exe = f.read().split(b"\0", 1)[0].decode(errors="replace")
-            except OSError:
-                continue
-        if exe == want or exe.removesuffix(" (deleted)") == want:
-            found.add(int(name))
-    return found
-
-
-def code_version() -> dict[str, Any]:
-    """The git commit of this checkout and whether the sandbox code differs from it
-    (the numbers belong to the code that ran); {} outside a git checkout."""
-    root = Path(__file__).resolve().parents[3]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src/tryloop/sandbox"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return {}
-    return {"git_head": head, "sandbox_code_modified": bool(dirty)}
-
-
-def zombie_children(comm: str | None = None) -> list[int]:
-    """Exited children of this process nobody has reaped (optionally only those named
-    `comm`). Sandbox inits are children of this process (CLONE_PARENT), so one that
-    close() failed to reap shows up here."""
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        state, ppid = data[data.rindex(b")") + 2:].split()[:2]
-        if state == b"Z" and int(ppid) == me and (
-                comm is None or data[data.index(b"(") + 1:data.rindex(b")")].decode(errors="replace") == comm):
-            found.append(int(name))
-    return found
-
-
-def spawn_wait(path: str, argv: list[str], env: dict[str, str]) -> float:
-    """posix_spawn + waitpid; seconds. Raises BenchError on a non-zero exit."""
-    t0 = time.perf_counter()
-    pid = os.posix_spawn(path, argv, env)
-    _, status = os.waitpid(pid, 0)
-    dt = time.perf_counter() - t0
-    if status != 0:
-        raise BenchError(f"{' '.join(argv[:3])}...: exit status {os.waitstatus_to_exitcode(status)}")
-    return dt
-
-
-def timed_run(argv: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, check=True)
-    return time.perf_counter() - t0
-
-
-def bwrap_check() -> tuple[str | None, str]:
-    """(path of bwrap or None, version or why it is unusable)."""
-    path = shutil.which("bwrap")
-    if path is None:
-        return None, "bwrap not installed (apt-get install -y bubblewrap)"
-    try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout.strip()
-        subprocess.run([path, *BWRAP_ARGS], capture_output=True, check=True, timeout=10)
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"bwrap does not run here: {e}"
-    return path, version
-
-
-def ensure_headroom(n: int) -> list[str]:
-    """Raise RLIMIT_NOFILE for `n` live sandboxes (2 fds each) and check pids; notes on what was done."""
-    notes: list[str] = []
-    need = 2 * n + fd_count() + 256
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        new = need if hard == resource.RLIM_INFINITY else min(hard, need)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        notes.append(f"RLIMIT_NOFILE raised {soft} -> {new}")
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft < need:
-        raise BenchError(f"density {n} needs ~{need} open files; RLIMIT_NOFILE hard limit is {hard} "
-                         "(raise it with ulimit -n, or lower --density)")
-    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    running = sum(1 for p in os.listdir("/proc") if p.isdigit())
-    if running + n + 256 > pid_max:
-        raise BenchError(f"density {n}: {running} processes running and pid_max is {pid_max} "
-                         "(raise kernel.pid_max, or lower --density)")
-    return notes
-
-
-# --------------------------------------------------------------------------- workspace
-
-
-def build_workspace(root: Path, files: int = WS_FILES, total: int = WS_BYTES) -> list[str]:
-    """`files` files totalling `total` bytes in WS_DIRS directories, deterministic; relative paths."""
-    rng = random.Random(20261130)
-    per, extra = divmod(total, files)
-    paths = []
-    for i in range(files):
-        rel = f"d{i % WS_DIRS:02d}/f{i // WS_DIRS:03d}.bin"
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(rng.randbytes(per + (1 if i < extra else 0)))
-        paths.append(rel)
-    return paths
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """What an agent did between two resets: files changed, created, deleted."""
-
-    modify: tuple[str, ...]
-    create: tuple[str, ...]
-    delete: tuple[str, ...]
-
-    @classmethod
-    def pick(cls, paths: list[str], seed: int, modify: int = 20, create: int = 10,
-             delete: int = 5) -> Mutation:
-        chosen = random.Random(seed).sample(paths, modify + delete)
-        new = tuple(f"d{(seed + k) % WS_DIRS:02d}/new{k}.bin" for k in range(create))
-        return cls(tuple(chosen[:modify]), new, tuple(chosen[modify:]))
-
-    def shell(self, workdir: str) -> str:
-        parts = [f"cd {workdir}"]
-        if self.modify:
-            parts.append(f"for f in {' '.join(self.modify)}; do printf changed >> $f; done")
-        if self.create:
-            parts.append(f"for f in {' '.join(self.create)}; do printf 'new file\\n' > $f; done")
-        if self.delete:
-            parts.append(f"rm {' '.join(self.delete)}")
-        return " && ".join(parts)
-
-    def apply_host(self, root: Path) -> None:
-        for rel in self.modify:
-            with open(root / rel, "ab") as f:
-                f.write(b"changed")
-        for rel in self.create:
-            (root / rel).write_bytes(b"new file\n")
-        for rel in self.delete:
-            (root / rel).unlink()
-
-
-# --------------------------------------------------------------------------- the benchmark
-
-
-class _Bench:
     def __init__(self, cfg: TryloopConfig, sizes: Sizes, console: Console):
         self.cfg = cfg
         self.sizes = sizes
@@ -863,153 +499,3 @@ async def _wait_idle(pool: Any, size: int, timeout: float = 5.0) -> float:
     while pool.idle < size and time.monotonic() < deadline:
         await asyncio.sleep(0.0002)
     return time.perf_counter() - t0
-
-
-# --------------------------------------------------------------------------- report
-
-
-def _fmt(ms: float | None) -> str:
-    if ms is None:
-        return "—"
-    if ms < 1:
-        return f"{ms * 1000:.0f} µs"
-    if ms < 100:
-        return f"{ms:.2f} ms"
-    return f"{ms:.0f} ms"
-
-
-def _ratio(r: float | None) -> str:
-    if r is None:
-        return "—"
-    return f"{r:.3f}×" if r < 0.1 else f"{r:.2f}×"
-
-
-def _verdict_cell(v: str | None) -> str:
-    if v is None:
-        return ""
-    return f"[green]{v}[/]" if v.startswith("meets") else f"[bold red]{v}[/]"
-
-
-def render(results: dict[str, Any], console: Console) -> None:
-    """The results table, the density and leak tables, then notes."""
-    if not console.is_terminal:  # a log or a pipe: 80 columns would squeeze the table unreadably
-        console = Console(file=console.file, width=max(console.width, 124), highlight=False)
-    h = results["host"]
-    t = Table(title=f"tryloop bench sandbox{' --quick' if results['quick'] else ''} — "
-                    f"Linux {h['kernel']}, {h['cpus']} CPUs, cgroups {h['cgroups']}"
-                    + (f", code {h['git_head']}{' + changes' if h['sandbox_code_modified'] else ''}"
-                       if h.get("git_head") else ""))
-    for col, just in (("operation", "left"), ("p50", "right"), ("p99", "right"), ("baseline", "left"),
-                      ("p50", "right"), ("p99", "right"), ("ours ÷ base", "right"), ("target", "left"),
-                      ("verdict", "left")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
-    notes: list[str] = []
-    for key in LATENCY_ROWS:
-        r = results["rows"][key]
-        o = r["ours"]
-        for j, b in enumerate(r["baselines"]):
-            first = j == 0
-            if b.get("unavailable"):
-                cells = [f"{b['label']} [dim]({b['unavailable']})[/]", "", "", "—"]
-            else:
-                cells = [b["label"], _fmt(b.get("p50_ms")), _fmt(b.get("p99_ms")), _ratio(b.get("ratio"))]
-            t.add_row(r["title"] if first else "", _fmt(o.get("p50_ms")) if first else "",
-                      _fmt(o.get("p99_ms")) if first else "", *cells,
-                      (r["target"] or "") if first else "", _verdict_cell(r["verdict"]) if first else "",
-                      end_section=j == len(r["baselines"]) - 1)
-        counts = ", ".join([f"ours {o['n']}"] + [f"{b['label']} {b['n']}" for b in r["baselines"] if b["n"]])
-        notes.append(f"{r['title']}: samples {counts}.")
-        extra = r.get("extra", {})
-        for k, label in (("init_side", "init side"), ("snapshot_state_only", "snapshot_state() alone"),
-                         ("release_to_idle", "release → idle again")):
-            s = extra.get(k)
-            if s and s.get("n"):
-                notes.append(f"{r['title']}: {label} p50 {_fmt(s['p50_ms'])}, p99 {_fmt(s['p99_ms'])}.")
-        notes += [f"{r['title']}: {n}" for n in r["notes"]]
-    console.print(t)
-
-    d = results["density"]
-    if d:
-        dt = Table(title=f"density: {d['held']}/{d['n']} idle sandboxes at once "
-                         f"(memory {d['config']['memory_mb']} MiB, disk {d['config']['disk_mb']} MiB each)")
-        dt.add_column("metric")
-        dt.add_column("value", justify="right")
-        kb = d["kernel_breakdown_per_sandbox_kib"]
-        rate = d["create_per_s"]
-        for name, value in (
-            ("host memory per sandbox (MemAvailable drop ÷ N)", f"{d['mem_available_per_sandbox_kib']:.0f} KiB"),
-            ("kernel memory growth per sandbox (Slab + KernelStack + PageTables + Percpu)",
-             f"{d['kernel_per_sandbox_kib']:.0f} KiB (" + ", ".join(f"{k} {v:.0f}" for k, v in kb.items()) + ")"),
-            ("init RSS: sum · per sandbox · private (RssAnon) per sandbox",
-             f"{d['init_rss_sum_mib']:.1f} MiB · {d['init_rss_per_sandbox_kib']:.0f} KiB · "
-             f"{d['init_rss_anon_per_sandbox_kib']:.0f} KiB"),
-            (f"creation rate ({d['create_concurrency']} at a time)",
-             f"{rate:.0f} /s ({d['create_s']:.2f} s)" if rate else "—"),
-            ("teardown of all", f"{d['teardown_all_s']:.2f} s"),
-            ("responsive (ping) · errors", f"{d['responsive']} · {d['n_errors']}"),
-            (f"target: {d['target']}", _verdict_cell(d["verdict"])),
-        ):
-            dt.add_row(name, value)
-        console.print(dt)
-        if d.get("top_slab_caches_per_sandbox_kib"):
-            notes.append("density: largest slab caches per sandbox (KiB): " + ", ".join(
-                f"{k} {v:.0f}" for k, v in d["top_slab_caches_per_sandbox_kib"].items()) + ".")
-        notes.append("density: MemAvailable counts reclaimable slab as available, so it can fall by less "
-                     "than the kernel's growth; init RSS counts the shared static binary in every sandbox.")
-        notes += [f"density: {n}" for n in d["notes"]]
-        notes += [f"density: error: {e}" for e in d["errors"]]
-
-    lk = results["leaks"]
-    if lk:
-        lt = Table(title=f"leaks after {lk['cycles']} acquire/release cycles ({lk['execs']} execs, "
-                         f"{lk['hits']} hits / {lk['misses']} misses, {lk['wall_s']:.1f} s)")
-        lt.add_column("left behind")
-        lt.add_column("count", justify="right")
-        for k, v in lk["counts"].items():
-            lt.add_row(k.replace("_", " "), f"[green]{v}[/]" if v == 0 else f"[bold red]{v}[/]")
-        a = lk["acquire_under_churn"]
-        lt.add_row("acquire under churn: p50 · p99", f"{_fmt(a['p50_ms'])} · {_fmt(a['p99_ms'])}")
-        lt.add_row(f"target: {lk['target']}", _verdict_cell(lk["verdict"]))
-        console.print(lt)
-    for n in notes:
-        console.print(f"[dim]· {n}[/]")
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def run(cfg: TryloopConfig | None = None, *, quick: bool = False, density: int | None = None,
-        cycles: int | None = None, out: Path | str | None = None,
-        console: Console | None = None) -> dict[str, Any]:
-    """Run every row, print the tables, write JSON to `out` if given; returns the results.
-
-    `quick` takes fewer samples and caps `density` at 100 and `cycles` at 500.
-    """
-    cfg = cfg or TryloopConfig()
-    console = console or Console(stderr=True)
-    sizes = QUICK if quick else FULL
-    n_density = sizes.density if density is None else density
-    n_cycles = sizes.cycles if cycles is None else cycles
-    if quick:
-        n_density, n_cycles = min(n_density, QUICK.density), min(n_cycles, QUICK.cycles)
-    if n_density < 1 or n_cycles < 1:
-        raise BenchError("--density and --cycles must be at least 1")
-    sizes = dataclasses.replace(sizes, density=n_density, cycles=n_cycles)
-    bench = _Bench(cfg, sizes, console)
-    started = datetime.now(UTC)
-    t0 = time.perf_counter()
-    asyncio.run(bench.main())
-    results: dict[str, Any] = {
-        "benchmark": "sandbox", "format": 1, "quick": quick,
-        "started": started.isoformat(timespec="seconds"), "duration_s": round(time.perf_counter() - t0, 1),
-        "host": bench.host, "sizes": dataclasses.asdict(sizes),
-        "rows": {k: bench.rows[k].to_json() for k in LATENCY_ROWS},
-        "density": bench.density, "leaks": bench.leaks,
-    }
-    render(results, console)
-    if out is not None:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-        console.print(f"results written to {path}")
-    return results

@@ -1,0 +1,121 @@
+"""Which hyperparameters fit the default run? Short training runs side by side on one suite.
+
+    python benchmarks/sweep.py [--root /var/lib/tryloop/learning] [--steps 4] [--points a,b] [--out FILE]
+
+Runs after `benchmarks/learning.py` on the same --root: it reuses that suite, its learning-zone
+measurement (the same weights, temperature and k give the same key, so nothing is measured again) and
+the learn run's "before" evaluation of the held-out zone tasks (the same weights, tasks and episode
+seeds). Each point is the default `tryloop train` configuration with one thing changed, trained for
+--steps steps, then evaluated on the held-out zone tasks. For each point: the train reward's slope
+with its 95% CI, the share of mixed groups, held-out pass@1 before and after with an exact paired
+sign test over tasks, and the wall time of its steps. A point that finished is kept in the output and
+not run again (delete its run directory to rerun it).
+
+The points vary what the issue of scale asks to choose by measurement: the learning rate of full
+fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
+(0 = plain GRPO, where a group with one compiling answer and nothing passing gets +-1.7 advantages
+from a 0.1 shaping term). The sampling temperature is not swept: another temperature is another
+zone measurement (~30 min here); T=1 was measured once (3 replies in 4 held no code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (what changes, updates to train.algo, updates to train)
+POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "default": ("lr 1e-5, full fine-tuning, 4 groups of 6, std floor 0.3", {}, {}),
+    "lr-3e-5": ("lr 3e-5", {"lr": 3e-5}, {}),
+    "lr-3e-6": ("lr 3e-6", {"lr": 3e-6}, {}),
+    "std-floor-0": ("plain GRPO: advantages divided by the group's std, no floor", {"adv_std_floor": 0.0}, {}),
+    "lora-1e-4": ("LoRA r=16 on the attention projections, lr 1e-4", {"lora": True, "lr": 1e-4}, {}),
+    "groups-6x4": ("6 groups of 4 a step (same 24 episodes)", {}, {"tasks_per_step": 6, "group_size": 4}),
+}
+
+
+def on_shared_tasks(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """pass@1 before and after on the tasks both evaluated (a point evaluates a subset of the learn
+    run's held-out tasks), with the exact paired sign test over them."""
+    from tryloop.telemetry.stats import paired_sign_test
+
+    shared = sorted(before["tasks"].keys() & after["tasks"].keys())
+    b = {t: before["tasks"][t] for t in shared}     # task -> (passes, attempts)
+    a = {t: after["tasks"][t] for t in shared}
+    test = paired_sign_test(b, a)
+
+    def rate(rows: dict[str, Any]) -> float | None:
+        fr = [c / n for c, n in rows.values() if n]
+        return sum(fr) / len(fr) if fr else None
+
+    return {"tasks": len(shared), "before": {"pass_at_1": rate(b)}, "after": {"pass_at_1": rate(a)},
+            "wins": test.wins, "losses": test.losses, "ties": test.ties, "p_value": test.p_value}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path("/var/lib/tryloop/learning"))
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--eval-tasks", type=int, default=50, help="held-out zone tasks evaluated after each point "
+                    "(train.eval_tasks; its 'before' is the learn run's on the same tasks)")
+    ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated, of: {', '.join(POINTS)}")
+    ap.add_argument("--out", type=Path, default=HERE / "results-sweep.json")
+    args = ap.parse_args()
+    names = [n for n in args.points.split(",") if n]
+    unknown = [n for n in names if n not in POINTS]
+    if unknown:
+        ap.error(f"--points: unknown {', '.join(unknown)} (known: {', '.join(POINTS)})")
+
+    import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
+    from learning import config, summarize  # the learning benchmark beside this file
+    from tryloop.train.run import read_jsonl, train
+
+    cfg = config(args.root, None)
+    learn_dir = cfg.store.runs_dir / "learn"
+    if not (learn_dir / "evals.jsonl").exists():
+        raise SystemExit(f"{learn_dir}: no learn run; run benchmarks/learning.py --root {args.root} first")
+    baseline = [e for e in read_jsonl(learn_dir / "evals.jsonl") if e["step"] == -1 and e.get("name") == "held-out"]
+    if not baseline:
+        raise SystemExit(f"{learn_dir}/evals.jsonl: no held-out evaluation before training yet")
+    result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result.update({"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "root": str(args.root)})
+    points = result.setdefault("points", {})
+
+    def log(event: str, data: dict) -> None:
+        if event in ("step", "eval", "log"):
+            print(event, json.dumps({k: v for k, v in data.items() if k not in ("tasks", "rows", "trajectory")},
+                                    default=str)[:300], flush=True)
+
+    for name in names:
+        what, algo_up, train_up = POINTS[name]
+        if points.get(name, {}).get("steps") == args.steps:
+            continue
+        algo = cfg.train.algo.model_copy(update=algo_up)
+        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{name}", "algo": algo, "steps": args.steps,
+                                            "eval_every": args.steps, "eval_at_start": False,
+                                            "eval_tasks": args.eval_tasks, "check_source": None, **train_up})
+        print(f"== {name}: {what}", flush=True)
+        t0 = time.perf_counter()
+        run = asyncio.run(train(cfg, tcfg, resume=True, hook=log))
+        s = summarize(run.run_dir, baseline, time.perf_counter() - t0)
+        after = [e for e in read_jsonl(run.run_dir / "evals.jsonl") if e.get("name") == "held-out"]
+        if after:
+            s["held-out"] = on_shared_tasks(baseline[0], after[-1])
+        curve = s["curve"]
+        s["groups_mixed"] = sum(m["groups_mixed"] or 0 for m in curve) / max(1, sum(m["groups"] or 0 for m in curve))
+        points[name] = {"what": what, **s}
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+        ho = s.get("held-out") or {}
+        print(f"{name}: slope {s['reward_slope']['value']:+.3f} held-out {ho.get('before', {}).get('pass_at_1')} -> "
+              f"{ho.get('after', {}).get('pass_at_1')} p={ho.get('p_value')}", flush=True)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

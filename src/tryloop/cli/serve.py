@@ -1,0 +1,76 @@
+"""`tryloop serve env`: the task store's tasks as environments over HTTP and WebSocket."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+
+app = typer.Typer(help="Servers (see docs/serve.md).", no_args_is_help=True)
+
+
+def _help(dotted: str) -> str:
+    """A flag's help: the config field it sets, its description and its default."""
+    from tryloop.config import TryloopConfig
+
+    model: Any = TryloopConfig
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        model = model.model_fields[name].default_factory()
+    field = (model if isinstance(model, type) else type(model)).model_fields[leaf]
+    default = getattr(model, leaf) if not isinstance(model, type) else field.get_default(call_default_factory=True)
+    return f"{dotted}: {field.description or ''} (default: {default})"
+
+
+def _serve(cfg) -> None:
+    from tryloop.serve.app import bearer_token
+    from tryloop.serve.server import serve, served_tasks
+
+    scfg = cfg.serve.env
+    bearer_token(scfg.auth_token_env)     # a missing token is named before any work
+    tasks = served_tasks(cfg)
+
+    def ready(url: str) -> None:
+        auth = f"bearer token from ${scfg.auth_token_env}" if scfg.auth_token_env else "no auth"
+        console.print(f"[bold]serving {len(tasks)} task(s)[/] at {url} (WebSocket {url.replace('http', 'ws', 1)}/ws), "
+                      f"{scfg.max_sessions} sessions at most, {auth}; metrics at {url}/metrics. Ctrl-C stops.")
+
+    serve(cfg, tasks, on_ready=ready)
+
+
+@app.command("env")
+def serve_env(
+    host: Annotated[str | None, typer.Option("--host", help=_help("serve.env.host"))] = None,
+    port: Annotated[int | None, typer.Option("--port", help=_help("serve.env.port"))] = None,
+    split: Annotated[str | None, typer.Option("--split", help=_help("serve.env.split"))] = None,
+    source: Annotated[str | None, typer.Option("--source", help=_help("serve.env.source"))] = None,
+    max_sessions: Annotated[int | None, typer.Option("--max-sessions", help=_help("serve.env.max_sessions"))] = None,
+    pool_per_task: Annotated[int | None, typer.Option("--pool-per-task",
+                                                      help=_help("serve.env.pool_per_task"))] = None,
+    idle_timeout: Annotated[float | None, typer.Option("--idle-timeout",
+                                                       help=_help("serve.env.idle_timeout_s"))] = None,
+    grace: Annotated[float | None, typer.Option("--disconnect-grace",
+                                                help=_help("serve.env.disconnect_grace_s"))] = None,
+    auth_token_env: Annotated[str | None, typer.Option("--auth-token-env",
+                                                       help=_help("serve.env.auth_token_env"))] = None,
+    access_log: Annotated[str | None, typer.Option("--access-log", help=_help("serve.env.access_log"))] = None,
+    record: Annotated[bool | None, typer.Option("--record/--no-record", help=_help("serve.env.record"))] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help=_help("serve.env.run_id"))] = None,
+    max_turns: Annotated[int | None, typer.Option("--max-turns", help=_help("serve.env.limits.max_turns"))] = None,
+    wall_time: Annotated[float | None, typer.Option("--wall-time", help=_help("serve.env.limits.wall_time_s"))] = None,
+    store: Annotated[str | None, typer.Option("--store", help=_help("tasks.store_url"))] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve the task store's tasks as environments: one episode per WebSocket session, actions are
+    tool calls, `done` carries the verifier's verdict (docs/serve.md)."""
+    cfg = run_cli(load_config, config, {
+        "serve.env.host": host, "serve.env.port": port, "serve.env.split": split, "serve.env.source": source,
+        "serve.env.max_sessions": max_sessions, "serve.env.pool_per_task": pool_per_task,
+        "serve.env.idle_timeout_s": idle_timeout, "serve.env.disconnect_grace_s": grace,
+        "serve.env.auth_token_env": auth_token_env, "serve.env.access_log": access_log,
+        "serve.env.record": record, "serve.env.run_id": run_id,
+        "serve.env.limits.max_turns": max_turns, "serve.env.limits.wall_time_s": wall_time,
+        "tasks.store_url": store})
+    run_cli(_serve, cfg)

@@ -1,0 +1,321 @@
+"""The environment server's ASGI application (Starlette), in OpenEnv's conventions.
+
+    GET  /health     liveness and load (no auth)
+    GET  /metadata   what is served: the environment, its tasks, the limits
+    GET  /schema     JSON schemas of the action, the observation and the state
+    GET  /metrics    Prometheus metrics: sessions, pools, request and verifier latency
+    WS   /ws         one episode per connection: {"type": "reset" | "step" | "state" | "close", "data": ...}
+    POST /reset      opens an episode over HTTP; its observation carries the session_id
+    POST /step       {"session_id", "action"}
+    GET  /state      ?session_id=...
+    POST /close      {"session_id"}
+
+A WebSocket client that loses its connection may come back within `disconnect_grace_s` with
+`/ws?session_id=...` and carry on; `state` then repeats the last reply it may have missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tryloop.agent.environments import Environments
+from tryloop.config import TryloopConfig
+from tryloop.errors import ConfigError
+from tryloop.sandbox import SandboxRuntime
+from tryloop.serve import protocol as p
+from tryloop.serve.sessions import Session, SessionManager
+from tryloop.tasks.model import Task
+
+# WebSocket close codes (RFC 6455): a refused token is a policy violation.
+WS_POLICY_VIOLATION = 1008
+
+
+def bearer_token(cfg_env: str | None) -> str | None:
+    """The token clients must present, read from the variable `serve.env.auth_token_env` names."""
+    if cfg_env is None:
+        return None
+    token = os.environ.get(cfg_env, "")
+    if not token:
+        raise ConfigError(f"serve.env.auth_token_env: the environment variable {cfg_env} is unset or empty")
+    return token
+
+
+def access_logger(dest: str | None) -> logging.Logger:
+    """One JSON object per line, to stderr ('-') or a file; a logger without handlers when off."""
+    # A logger of this server's own (not in logging's registry): its file is closed at shutdown.
+    log = logging.Logger("tryloop.serve.access", logging.INFO)
+    log.propagate = False
+    if dest is not None:
+        handler = logging.StreamHandler(sys.stderr) if dest == "-" else logging.FileHandler(dest)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    else:
+        log.disabled = True
+    return log
+
+
+class _AccessLog:
+    """ASGI middleware: one record per HTTP request (WebSocket messages are logged by the handler)."""
+
+    def __init__(self, app: ASGIApp, log: logging.Logger):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.log.disabled:
+            await self.app(scope, receive, send)
+            return
+        t0, status = time.perf_counter(), 500
+
+        async def send_status(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            client = scope.get("client") or ("", 0)
+            self.log.info(json.dumps({"ts": round(time.time(), 3), "kind": "http", "method": scope["method"],
+                                      "path": scope["path"], "status": status, "client": client[0],
+                                      "ms": round((time.perf_counter() - t0) * 1000, 2)}))
+
+
+def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
+    """The server for `tasks`; sandboxes, pools and sessions live from startup to shutdown."""
+    scfg = cfg.serve.env
+    token = bearer_token(scfg.auth_token_env)
+    log = access_logger(scfg.access_log)
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime = SandboxRuntime(cfg.runtime)
+        registry = CollectorRegistry()      # the pools' metrics are served with the sessions'
+        envs = Environments(runtime, per_task=scfg.pool_per_task, registry=registry,
+                            max_live=scfg.max_sessions + scfg.pool_per_task)
+        store = None
+        if scfg.record:
+            from tryloop.store.trajectories import TrajectoryStore
+
+            store = TrajectoryStore(cfg.store.trajectories_url)
+        mgr = SessionManager(scfg, tasks, envs, spec=cfg.rewards.spec, registry=registry, store=store,
+                             run_id=scfg.run_id or f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
+        mgr.start()
+        state["mgr"] = mgr
+        try:
+            yield
+        finally:
+            await mgr.aclose()
+            await mgr.envs.close()
+            await runtime.close_all()
+            for h in log.handlers:
+                h.close()
+
+    def mgr() -> SessionManager:
+        return state["mgr"]
+
+    def authorized(headers: Any) -> bool:
+        if token is None:
+            return True
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+    def error(e: p.ProtocolError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if e.code == p.CAPACITY_REACHED else None
+        return JSONResponse({"error": e.body()}, status_code=e.status, headers=headers)
+
+    async def body(request: Request) -> Any:
+        """The JSON body, read no further than max_message_bytes."""
+        limit = scfg.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise p.ProtocolError(p.VALIDATION_ERROR, f"body: {declared} bytes is over serve.env.max_message_bytes "
+                                  f"({limit})", status=413)
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise p.ProtocolError(p.VALIDATION_ERROR, f"body: over serve.env.max_message_bytes ({limit})",
+                                      status=413)
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise p.ProtocolError(p.INVALID_JSON, f"body: not JSON: {e}") from None
+
+    def guarded(handler):
+        """Auth, then the handler; protocol errors become their JSON error reply."""
+        async def endpoint(request: Request) -> Response:
+            if not authorized(request.headers):
+                mgr().metrics.refused.labels("auth").inc()
+                return JSONResponse({"error": {"message": "missing or wrong bearer token (Authorization: "
+                                                          "Bearer ...)", "code": "UNAUTHORIZED"}},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            try:
+                return await handler(request)
+            except p.ProtocolError as e:
+                return error(e)
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        m = mgr()
+        return JSONResponse({"status": "healthy", "active_sessions": m._open, "max_sessions": scfg.max_sessions})
+
+    async def metadata(request: Request) -> Response:
+        from importlib.metadata import version
+
+        return JSONResponse({
+            "name": "tryloop", "version": version("tryloop"),
+            "description": "tryloop tasks as environments: actions are tool calls in a sandbox, the episode "
+                           "ends on submit and is judged by tryloop's verifier",
+            "tasks": [{"id": t.id, "fingerprint": t.fingerprint(), "environment": t.meta.environment}
+                      for t in tasks],
+            "limits": mgr().limits.model_dump(), "max_sessions": scfg.max_sessions,
+            "run_id": mgr().run_id if mgr().store is not None else None,
+            "idle_timeout_s": scfg.idle_timeout_s, "disconnect_grace_s": scfg.disconnect_grace_s})
+
+    async def schema(request: Request) -> Response:
+        return JSONResponse(p.schemas())
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(mgr().registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def reset(request: Request) -> Response:
+        req = p.validate(p.ResetRequest, await body(request), "reset")
+        _, first = await mgr().open(req)
+        return JSONResponse(first)
+
+    async def step(request: Request) -> Response:
+        data = await body(request)
+        if not isinstance(data, dict):
+            raise p.ProtocolError(p.VALIDATION_ERROR, "step: expected a JSON object {session_id, action}")
+        s = mgr().get(data.get("session_id"))
+        action = p.validate(p.StepAction, data.get("action"), "action")
+        return JSONResponse(await mgr().step(s, action))
+
+    async def get_state(request: Request) -> Response:
+        return JSONResponse(mgr().get(request.query_params.get("session_id")).state())
+
+    async def close(request: Request) -> Response:
+        data = await body(request)
+        s = mgr().get(data.get("session_id") if isinstance(data, dict) else None)
+        await mgr().close(s, "closed")
+        return JSONResponse({"closed": s.id})
+
+    async def ws(websocket: WebSocket) -> None:
+        m = mgr()
+        if not authorized(websocket.headers):
+            m.metrics.refused.labels("auth").inc()
+            await websocket.close(code=WS_POLICY_VIOLATION)   # before accept: the handshake gets 403
+            return
+        session: Session | None = None
+        resume = websocket.query_params.get("session_id")
+        if resume:
+            try:
+                session = m.get(resume)
+            except p.ProtocolError:
+                await websocket.close(code=WS_POLICY_VIOLATION, reason=f"no open session {resume}"[:120])
+                return
+        await websocket.accept()
+        me = object()       # this connection, as the owner of its session
+        if session is not None:
+            session.detached_at, session.owner = None, me
+            session.touch()
+        m.metrics.attached.inc()
+        client = websocket.client.host if websocket.client else ""
+        delivered = True     # whether the client has the session's last reply
+        try:
+            while True:
+                raw = await websocket.receive_text()
+                t0, kind, code = time.perf_counter(), "?", "ok"
+                try:
+                    try:
+                        msg = json.loads(raw)
+                    except json.JSONDecodeError as e:
+                        raise p.ProtocolError(p.INVALID_JSON, f"Invalid JSON: {e}") from None
+                    if not isinstance(msg, dict):
+                        raise p.ProtocolError(p.VALIDATION_ERROR, "message: expected a JSON object {type, data}")
+                    kind = str(msg.get("type", ""))
+                    if kind == "reset":
+                        req = p.validate(p.ResetRequest, msg.get("data"), "reset")
+                        if session is not None:      # one session per episode: a new reset ends the last
+                            await m.close(session, "reset")
+                            session = None
+                        session, reply = await m.open(req)
+                        session.owner = me
+                        out = {"type": "observation", "data": reply}
+                    elif kind == "step":
+                        if session is None:
+                            raise p.ProtocolError(p.SESSION_ERROR, "step before reset: send a reset first")
+                        action = p.validate(p.StepAction, msg.get("data"), "action")
+                        out = {"type": "observation", "data": await m.step(session, action)}
+                    elif kind == "state":
+                        out = {"type": "state", "data": session.state() if session is not None
+                               else p.SessionState().model_dump()}
+                    elif kind == "close":
+                        if session is not None:
+                            await m.close(session, "closed")
+                            session = None
+                        break
+                    else:
+                        raise p.ProtocolError(p.UNKNOWN_TYPE, f"Unknown message type: {kind!r} (reset, step, "
+                                                              "state, close)")
+                except p.ProtocolError as e:
+                    code, out = e.code, {"type": "error", "data": e.body()}
+                except Exception as e:   # a fault of the server's own: answered, the connection kept
+                    code = p.EXECUTION_ERROR
+                    out = {"type": "error", "data": {"message": f"{type(e).__name__}: {e}", "code": code}}
+                if session is not None:
+                    session.touch()
+                log.info(json.dumps({"ts": round(time.time(), 3), "kind": "ws", "type": kind, "code": code,
+                                     "session": session.id if session else None, "client": client,
+                                     "ms": round((time.perf_counter() - t0) * 1000, 2)}))
+                delivered = False
+                await websocket.send_text(json.dumps(out))
+                delivered = True
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            pass      # the client went away, maybe mid-step: what it missed is kept in the session
+        finally:
+            m.metrics.attached.dec()
+            # A session another connection took over (a client that came back) is that one's.
+            if session is not None and session.id in m.sessions and session.owner is me:
+                if session.done and delivered:
+                    await m.close(session, "done")
+                else:   # kept for disconnect_grace_s: the client may come back with ?session_id=
+                    session.detached_at, session.owner = time.monotonic(), None
+            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):   # already closed
+                await websocket.close()
+
+    routes = [
+        Route("/health", health),
+        Route("/metadata", guarded(metadata)),
+        Route("/schema", guarded(schema)),
+        Route("/metrics", guarded(metrics)),
+        Route("/reset", guarded(reset), methods=["POST"]),
+        Route("/step", guarded(step), methods=["POST"]),
+        Route("/state", guarded(get_state)),
+        Route("/close", guarded(close), methods=["POST"]),
+        WebSocketRoute("/ws", ws),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(_AccessLog, log=log)
+    return app
+

@@ -1,0 +1,47 @@
+"""`serve:` in the YAML file (pydantic only: tryloop.config imports it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tryloop._model import _Model
+from tryloop.agent.config import EpisodeLimits
+
+
+class ServeEnvConfig(_Model):
+    """`serve.env`: the environment server. Every `tryloop serve env` flag sets one of these."""
+
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port, reported at start)")
+    split: Literal["train", "eval", "all"] = Field("all", description="which tasks of the store are offered")
+    source: str | None = Field(None, description="only tasks of this source (humaneval, mutation, ...)")
+    max_sessions: int = Field(64, ge=1, description="episodes open at once; a reset beyond it is refused "
+                                                    "(HTTP 503, WebSocket CAPACITY_REACHED)")
+    pool_per_task: int = Field(1, ge=0, description="idle sandboxes kept warm per task")
+    idle_timeout_s: float = Field(300.0, gt=0, description="an open episode with no message from its client "
+                                                           "for this long is closed and its sandbox released")
+    disconnect_grace_s: float = Field(30.0, ge=0, description="after a WebSocket client disconnects, its "
+                                                              "episode waits this long for it to reconnect "
+                                                              "(/ws?session_id=...) before it is closed")
+    auth_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                       description="environment variable holding the bearer token every "
+                                                   "request but /health must carry; null: no auth")
+    max_message_bytes: int = Field(1 << 20, ge=1024, description="largest HTTP body or WebSocket message "
+                                                                 "accepted (larger: 413 / close 1009)")
+    access_log: str | None = Field("-", description="structured access log, one JSON object per request or "
+                                                    "WebSocket message: a file path, '-' for stderr, null: off")
+    record: bool = Field(True, description="write each judged episode to the trajectory store "
+                                           "(store.trajectories_url) before its done reply")
+    run_id: str | None = Field(None, min_length=1, description="run id the recorded episodes are filed under; "
+                                                              "null: serve-<start time>")
+    limits: EpisodeLimits = Field(default_factory=lambda: EpisodeLimits(max_turns=30, wall_time_s=1800.0),
+                                  description="per-episode limits: max_turns, wall_time_s (the session's time "
+                                              "limit), shell_timeout_s, output_chars")
+
+
+class ServeConfig(_Model):
+    """`serve:` in the YAML file."""
+
+    env: ServeEnvConfig = Field(default_factory=ServeEnvConfig)

@@ -1,0 +1,295 @@
+"""Sessions: one episode each, played by a remote client through the ordinary episode loop.
+
+The client is the policy. A session runs `tryloop.agent.episode.run_episode` with a policy whose
+`act()` hands the tool results to the client and waits for its next action, so a served episode
+is exactly an in-process one: the same sandbox from the warm pool, the same tools of the task's
+profile, the same limits, the same verifier in a fresh sandbox at the end. `done` carries the
+trajectory's reward and whole verdict.
+
+The manager bounds the sessions open at once, closes those whose client went quiet
+(`idle_timeout_s`) or disconnected and did not come back (`disconnect_grace_s`), and counts what
+happens in Prometheus metrics. Closing a session cancels its episode; the episode's own cleanup
+releases the sandbox to its pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tryloop.agent.config import EpisodeLimits
+from tryloop.agent.environments import Environments
+from tryloop.agent.episode import EpisodeRequest, run_episode, system_prompt
+from tryloop.agent.policy import Action, TokenLog
+from tryloop.agent.profiles import profile_for
+from tryloop.agent.trajectory import Observation, Trajectory
+from tryloop.rewards.spec import RewardSpec
+from tryloop.serve import protocol as p
+from tryloop.serve.config import ServeEnvConfig
+from tryloop.tasks.model import Task
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServeMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        kw = {"registry": registry}
+        self.open = Gauge("tryloop_serve_sessions", "Episodes open (holding a sandbox or being verified)", **kw)
+        self.attached = Gauge("tryloop_serve_sessions_attached", "Sessions with a WebSocket client", **kw)
+        self.closed = Counter("tryloop_serve_sessions_closed_total", "Sessions ended, by why",
+                              ["reason"], **kw)
+        self.refused = Counter("tryloop_serve_refused_total", "Requests refused, by why", ["reason"], **kw)
+        self.latency = Histogram("tryloop_serve_request_seconds", "Time to answer reset and step",
+                                 ["op"], buckets=_LATENCY, **kw)
+        self.verify = Histogram("tryloop_serve_verify_seconds", "Verifier latency of served episodes",
+                                buckets=_LATENCY, **kw)
+        self.verdicts = Counter("tryloop_serve_verdicts_total", "Verdicts of served episodes", ["state"], **kw)
+
+
+class _ClientTurns:
+    """The policy session of a served episode: each `act()` is one round trip to the client."""
+
+    def __init__(self, system: str, instruction: str):
+        self.tokens = TokenLog(source="unavailable")     # the client's tokens are its own
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                               {"role": "user", "content": instruction}]
+        self.actions: asyncio.Queue[Action] = asyncio.Queue(maxsize=1)
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def act(self, observations: list[Observation] | None) -> Action:
+        await self.events.put(("turn", observations))
+        action = await self.actions.get()
+        self.messages.append({"role": "assistant", "content": action.text})
+        return action
+
+
+class _ClientPolicy:
+    name = "remote-client"
+    version = "external"
+
+    def __init__(self, turns: _ClientTurns):
+        self.turns = turns
+
+    def session(self, system: str, instruction: str, *, seed: int = 0, task: Task | None = None) -> _ClientTurns:
+        return self.turns
+
+
+class Session:
+    """One episode of one task, driven by one client."""
+
+    def __init__(self, manager: SessionManager, task: Task, episode_id: str):
+        self.manager = manager
+        self.id = uuid.uuid4().hex
+        self.task = task
+        self.episode_id = episode_id
+        self.tool_names = list(profile_for(task).tools)
+        self.system = system_prompt(task, max_turns=manager.limits.max_turns)
+        self.turns = _ClientTurns(self.system, task.instruction)
+        self.step_count = 0
+        self.done = False
+        self.closed_reason: str | None = None
+        self.last: dict[str, Any] | None = None
+        self.last_activity = time.monotonic()
+        self.detached_at: float | None = None    # when its WebSocket went away (None: attached or HTTP)
+        self.owner: object | None = None         # the WebSocket connection it is attached to
+        self.busy = asyncio.Lock()               # one reset/step at a time
+        self._episode: asyncio.Task | None = None
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    async def start(self) -> dict[str, Any]:
+        req = EpisodeRequest(episode_id=self.episode_id, task=self.task, run_id=self.manager.run_id,
+                             meta={"session_id": self.id})
+        self._episode = asyncio.ensure_future(self._run(req))
+        return await self._next()
+
+    async def _run(self, req: EpisodeRequest) -> None:
+        m = self.manager
+        try:
+            traj = await run_episode(req, _ClientPolicy(self.turns), m.envs, limits=m.limits, spec=m.spec)
+            if m.store is not None:   # durable before the client hears the verdict, as in eval
+                await asyncio.to_thread(m.store.write, [traj])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an infrastructure fault: the client is told, the session ends
+            await self.turns.events.put(("error", e))
+        else:
+            await self.turns.events.put(("done", traj))
+
+    async def step(self, action: p.StepAction) -> dict[str, Any]:
+        if self.closed_reason is not None:
+            raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({self.closed_reason}); reset "
+                                                   "to start another episode")
+        if self.done:
+            raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id}: the episode is over; reset to start another")
+        self.turns.actions.put_nowait(p.to_action(action, self.tool_names, self.step_count))
+        self.step_count += 1
+        return await self._next()
+
+    async def _next(self) -> dict[str, Any]:
+        kind, value = await self.turns.events.get()
+        obs: dict[str, Any] = {"session_id": self.id, "episode_id": self.episode_id, "task_id": self.task.id,
+                               "turn": self.step_count}
+        if kind == "turn":
+            if value is None:     # the first turn: what the task's policies are given
+                obs.update(system=self.system, instruction=self.task.instruction,
+                           tools=profile_for(self.task).schemas)
+            obs["results"] = p.results(value)
+            self.last = {"observation": obs, "reward": None, "done": False}
+            return self.last
+        if not self.done:     # (a closed session was already counted out by the manager)
+            self.done = True
+            self.manager.episode_over(self)
+        if kind == "closed":
+            raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({value})")
+        if kind == "error":
+            raise p.ProtocolError(p.EXECUTION_ERROR, f"session {self.id}: the environment failed: {value}")
+        traj: Trajectory = value
+        last_turn = traj.turns[-1] if traj.turns else None
+        obs.update(results=p.results(last_turn.observations if last_turn else []),
+                   termination=traj.termination, verdict=p.verdict(traj))
+        self.manager.judged(traj)
+        self.last = {"observation": obs, "reward": float(traj.reward or 0.0), "done": True}
+        return self.last
+
+    def state(self) -> dict[str, Any]:
+        return p.SessionState(episode_id=self.episode_id, step_count=self.step_count, session_id=self.id,
+                              task_id=self.task.id, done=self.done, last=self.last).model_dump()
+
+    async def close(self) -> None:
+        if self._episode is not None and not self._episode.done():
+            self._episode.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._episode
+        self.turns.events.put_nowait(("closed", self.closed_reason))   # wakes a step still waiting
+
+
+class SessionManager:
+    """The open sessions, their limit and their reaping."""
+
+    def __init__(self, cfg: ServeEnvConfig, tasks: list[Task], envs: Environments, *,
+                 spec: RewardSpec | None = None, registry: CollectorRegistry | None = None,
+                 store: Any = None, run_id: str = "serve"):
+        """`store`: a TrajectoryStore that judged episodes are written to (None: not recorded),
+        filed under `run_id`."""
+        if not tasks:
+            raise ValueError("no tasks to serve")
+        self.cfg = cfg
+        self.tasks = tasks
+        self.envs = envs
+        self.spec = spec
+        self.store = store
+        self.run_id = run_id
+        # The client's silence is the reaper's to judge (idle_timeout_s); the episode itself only
+        # ends a wait for the client at its wall-clock budget.
+        self.limits: EpisodeLimits = cfg.limits.model_copy(update={"turn_timeout_s": cfg.limits.wall_time_s})
+        self.registry = registry or CollectorRegistry()
+        self.metrics = ServeMetrics(self.registry)
+        self.sessions: dict[str, Session] = {}
+        self._open = 0          # sessions whose episode still runs: what max_sessions bounds
+        self._reaper: asyncio.Task | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for s in list(self.sessions.values()):
+            await self.close(s, "shutdown")
+
+    # -- sessions ------------------------------------------------------------------------------
+    def pick(self, req: p.ResetRequest) -> Task:
+        if req.task_id is None:
+            return self.tasks[(req.seed or 0) % len(self.tasks)]
+        for t in self.tasks:
+            if req.task_id in (t.id, t.fingerprint()) or (len(req.task_id) >= 8 and
+                                                          t.fingerprint().startswith(req.task_id)):
+                return t
+        raise p.ProtocolError(p.VALIDATION_ERROR, f"reset.task_id: {req.task_id!r} is not one of the "
+                                                  f"{len(self.tasks)} tasks served (GET /metadata lists them)")
+
+    async def open(self, req: p.ResetRequest) -> tuple[Session, dict[str, Any]]:
+        task = self.pick(req)
+        if self._open >= self.cfg.max_sessions:
+            self.metrics.refused.labels("capacity").inc()
+            raise p.ProtocolError(p.CAPACITY_REACHED, f"{self._open} sessions open, serve.env.max_sessions is "
+                                  f"{self.cfg.max_sessions}: retry later",
+                                  active_sessions=self._open, max_sessions=self.cfg.max_sessions)
+        s = Session(self, task, req.episode_id or f"serve-{uuid.uuid4().hex[:12]}")
+        self.sessions[s.id] = s
+        self._open += 1
+        self.metrics.open.set(self._open)
+        t0 = time.perf_counter()
+        try:
+            first = await s.start()
+        except BaseException:
+            await self.close(s, "error")
+            raise
+        self.metrics.latency.labels("reset").observe(time.perf_counter() - t0)
+        return s, first
+
+    async def step(self, s: Session, action: p.StepAction) -> dict[str, Any]:
+        if s.busy.locked():
+            raise p.ProtocolError(p.SESSION_ERROR, f"session {s.id}: a step is already running")
+        async with s.busy:
+            s.touch()
+            t0 = time.perf_counter()
+            try:
+                return await s.step(action)
+            finally:
+                s.touch()
+                self.metrics.latency.labels("step").observe(time.perf_counter() - t0)
+
+    def get(self, session_id: str | None) -> Session:
+        s = self.sessions.get(session_id or "")
+        if s is None:
+            raise p.ProtocolError(p.SESSION_ERROR, f"session_id: no open session {session_id!r} (closed, "
+                                                   "reaped or never opened)", status=404)
+        return s
+
+    def episode_over(self, s: Session) -> None:
+        self._open -= 1
+        self.metrics.open.set(self._open)
+
+    def judged(self, traj: Trajectory) -> None:
+        self.metrics.verify.observe(traj.times.get("verify", 0.0))
+        self.metrics.verdicts.labels(str(traj.verdict)).inc()
+
+    async def close(self, s: Session, reason: str) -> None:
+        if self.sessions.pop(s.id, None) is None:
+            return
+        s.closed_reason = reason
+        if not s.done:
+            s.done = True
+            self.episode_over(s)
+        self.metrics.closed.labels(reason).inc()
+        await s.close()
+
+    # -- reaping -------------------------------------------------------------------------------
+    def reap_due(self, now: float) -> list[tuple[Session, str]]:
+        due = []
+        for s in self.sessions.values():
+            if s.busy.locked():
+                continue              # a step in flight is bounded by the episode's own limits
+            if s.detached_at is not None and now - s.detached_at >= self.cfg.disconnect_grace_s:
+                due.append((s, "disconnected"))
+            elif now - s.last_activity >= self.cfg.idle_timeout_s:
+                due.append((s, "idle"))
+        return due
+
+    async def _reap_forever(self) -> None:
+        period = min(1.0, max(0.05, min(self.cfg.idle_timeout_s, self.cfg.disconnect_grace_s or 1.0) / 4))
+        while True:
+            await asyncio.sleep(period)
+            for s, reason in self.reap_due(time.monotonic()):
+                await self.close(s, reason)

@@ -1,0 +1,81 @@
+"""The learning zone of the policy a train run starts from: its key, and a measurement on its own.
+
+`tryloop train` measures the zone of its own source before its first step (train/run.py);
+`tryloop tasks zone` measures any source with the same policy, temperature, k and episode setup,
+so a user can see which families and tiers a model can learn from before training on them.
+Both use `zone_key_for`, so a measurement made by one is reused by the other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tryloop.config import TryloopConfig
+from tryloop.tasks.model import Task
+from tryloop.tasks.zone import Band, ZoneRow, tier_of, zone_key, zone_table
+from tryloop.train.run_config import TrainRunConfig
+
+
+def zone_key_for(tcfg: TrainRunConfig, weights_version: str) -> str:
+    """The store's pass-rate key of `tcfg`'s zone: weights, temperature, k and the episode setup
+    (limits, prompts, seed), since a pass rate holds only for the setup it was measured in."""
+    from tryloop.agent.episode import ANSWER_ONLY_PROMPT, SYSTEM_PROMPT
+
+    setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT,
+                        "zone-seed-v2", tcfg.seed])
+    return zone_key(weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
+
+
+def sampler_policy(loaded, tcfg: TrainRunConfig):
+    """The policy episodes are sampled from (the same for the zone, the rollouts and evaluations)."""
+    from tryloop.agent.hf_policy import HFPolicy
+
+    return HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
+                    max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
+                    max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype)
+
+
+def by_family(task: Task) -> str:
+    return f"{task.meta.family} / {tier_of(task)}"
+
+
+@dataclass
+class ZoneMeasurement:
+    key: str
+    band: Band
+    tasks: list[Task]
+    counts: dict[str, tuple[int, int]]     # fingerprint -> (passes, attempts)
+    seconds: float
+
+    def rows(self, by: Callable[[Task], str] = tier_of) -> list[ZoneRow]:
+        return zone_table(self.tasks, self.counts, self.band, by=by)
+
+
+async def measure_zone(cfg: TryloopConfig, tcfg: TrainRunConfig, tasks: list[Task], *,
+                       on_done: Callable[[Any], None] | None = None) -> ZoneMeasurement:
+    """k samples per task not yet measured under this policy and setup (kept in the task store)."""
+    import torch
+
+    from tryloop.agent.environments import Environments
+    from tryloop.agent.hf import load_model
+    from tryloop.eval.scheduled import ScheduledRunner, bounded
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.store.trajectories import TrajectoryStore
+    from tryloop.tasks.store import TaskStore
+    from tryloop.tasks.zone import measure
+
+    loaded = load_model(tcfg.policy.name, device=tcfg.policy.device)
+    if tcfg.rollout_threads and loaded.device.type == "cpu":
+        torch.set_num_threads(tcfg.rollout_threads)
+    key = zone_key_for(tcfg, loaded.weights_version)
+    t0 = time.perf_counter()
+    counts = await measure(tasks, sampler_policy(loaded, tcfg), Environments(SandboxRuntime(cfg.runtime)),
+                           TaskStore(cfg.tasks.store_url), key=key, k=tcfg.zone_k,
+                           temperature=tcfg.policy.temperature, limits=tcfg.limits,
+                           runner=ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency)), spec=cfg.rewards.spec,
+                           trajectories=TrajectoryStore(cfg.store.trajectories_url), seed=tcfg.seed, on_done=on_done)
+    return ZoneMeasurement(key, Band(tcfg.zone_lo, tcfg.zone_hi), tasks, counts, time.perf_counter() - t0)
