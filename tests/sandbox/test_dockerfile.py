@@ -208,12 +208,13 @@ async def test_add_archive_dockerignore_chmod_and_symlinked_destination(build_ru
         tar.addfile(ti, io.BytesIO(b"in\n"))
     (ctx / "bundle.tar").write_bytes(buf.getvalue())
     (ctx / "secret.key").write_text("no\n")
-    (ctx / ".dockerignore").write_text("secret.key\nsrc/pkg\n")
+    (ctx / "keep.key").write_text("yes\n")
+    (ctx / ".dockerignore").write_text("*.key\nsrc/pkg\n!keep.key\n")
     image = await build_dockerfile(runtime, ctx, options=BuildOptions(network=False))
     out = await _sh(runtime, image, "cat /opt/bundle/inner/file.txt; ls /ctx; ls -l /srv/src/main.sh")
     lines = out.splitlines()
     assert lines[0] == "in"
-    assert "secret.key" not in lines and "data.txt" in lines and "bundle.tar" in lines
+    assert "secret.key" not in lines and "keep.key" in lines and "data.txt" in lines and "bundle.tar" in lines
     assert lines[-1].startswith("-rwx------")
     # A destination through a symlink of the image is refused, naming the link.
     bad = _context(tmp_path / "b", "FROM base:1\nRUN ln -s /tmp /lnk\nCOPY data.txt /lnk/x/\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from oci_archives import base_entries, image_config, layer_tar, oci_layout
+from oci_archives import base_entries, docker_save, image_config, layer_tar, oci_layout
 
 TRYLOOP = Path(sys.executable).parent / "tryloop"
 
@@ -85,6 +85,14 @@ def test_import_build_ls_inspect_rm_prune(config_file, tmp_path):
     assert [r["id"] for r in rows] == [base_id]
     res = tryloop("image", "inspect", "app", "-c", str(config_file))
     assert res.returncode == 66 and "no image named 'app'" in res.stdout + res.stderr
+
+    archive = tmp_path / "saved.tar"
+    docker_save(archive, layers, image_config(layers, env=["PATH=/bin"]), tag="piped:7")
+    res = subprocess.run([str(TRYLOOP), "image", "import", "-", "-c", str(config_file)], input=archive.read_bytes(),
+                         capture_output=True, timeout=120, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "400"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(tryloop("image", "inspect", "piped:7", "-c", str(config_file)).stdout)["id"] == \
+        res.stdout.decode().split()[-1]
 
     (ctx / "Dockerfile").write_text("FROM base:1\nHEALTHCHECK CMD true\n")
     res = tryloop("image", "build", str(ctx), "-c", str(config_file))

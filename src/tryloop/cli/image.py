@@ -99,20 +99,29 @@ def build(
 
 @app.command("import")
 def import_cmd(
-    archive: Annotated[Path, typer.Argument(help="a `docker save` tarball or an OCI image layout (directory or tar)")],
+    archive: Annotated[Path, typer.Argument(help="a `docker save` tarball or an OCI image layout (directory or "
+                                                 "tar); - reads a tarball from stdin")],
     ref: Annotated[str | None, typer.Argument(help="which image of a multi-image archive (tag or ref name)")] = None,
     tag: Tag = None,
     config: ConfigOpt = None, store_dir: StoreDir = None,
 ) -> None:
     """Import an OCI image archive: its layers into the store, its config as the image's."""
+    import shutil
+    import tempfile
+
     from tryloop.sandbox.catalog import tag_image
     from tryloop.sandbox.oci import import_archive
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
     store = _store(cfg)
     t0 = time.monotonic()
-    image = run_cli(import_archive, store, archive, ref=ref,
-                    on_layer=lambda i, n, d: console.print(f"  layer {i}/{n} {d[:12]}"))
+    with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
+        if str(archive) == "-":  # `docker save IMAGE | tryloop image import -`
+            archive = Path(tmp) / "stdin.tar"
+            with open(archive, "wb") as f:
+                shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        image = run_cli(import_archive, store, archive, ref=ref,
+                        on_layer=lambda i, n, d: console.print(f"  layer {i}/{n} {d[:12]}"))
     names = [tag] if tag else [t for t in image.meta.get("tags", []) if t]
     for name in names:
         run_cli(lambda n=name: _tag(tag_image, store, n, image.id))

@@ -25,6 +25,7 @@ root (sandboxes on it run as the config's unprivileged uid), its working directo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,8 +59,23 @@ def _run(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
     return res
 
 
-def essential_packages() -> list[str]:
-    """The packages of the configured archives marked Essential: yes."""
+def _lists_stamp() -> str:
+    """Changes whenever apt's package lists do (apt-get update)."""
+    h = hashlib.sha256()
+    lists = Path("/var/lib/apt/lists")
+    for p in sorted(lists.glob("*_Packages*")) if lists.is_dir() else []:
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def essential_packages(cache_dir: Path | None = None) -> list[str]:
+    """The packages of the configured archives marked Essential: yes (kept in `cache_dir`
+    until apt's package lists change)."""
+    cached = cache_dir / f"essential-{_lists_stamp()[:16]}.json" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        with contextlib.suppress(ValueError):
+            return list(json.loads(cached.read_text()))
     out = _run(["apt-cache", "dumpavail"], "apt-cache dumpavail").stdout
     names, pkg = set(), None
     for line in out.splitlines():
@@ -69,6 +85,11 @@ def essential_packages() -> list[str]:
             names.add(pkg)
     if not names:
         raise BuildError("apt knows no Essential packages: run `apt-get update` on the host first")
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(sorted(names)))
+        os.replace(tmp, cached)
     return sorted(names)
 
 
@@ -103,7 +124,7 @@ async def debian_root(runtime, packages: list[str], *, on_step: Callable[[str], 
     wanted = sorted(set(packages))
     with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
         work = Path(tmp)
-        essential = essential_packages()
+        essential = essential_packages(store.root / "debian-cache")
         files = resolve(sorted(set(essential) | set(wanted)), work)
         arch = _run(["dpkg", "--print-architecture"], "dpkg --print-architecture").stdout.strip()
         digest = hashlib.sha256(json.dumps([arch, [[f, h] for _, f, h in files]]).encode()).hexdigest()

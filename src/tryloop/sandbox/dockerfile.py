@@ -467,7 +467,14 @@ def _sources_digest(ins: Instruction, where: str, context: Path, env: dict[str, 
 
 
 def _is_ignored(rel: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) or rel.startswith(pat.rstrip("/") + "/") for pat in patterns)
+    """.dockerignore: the last pattern that matches decides; `!pattern` takes a path back."""
+    ignored = False
+    for pat in patterns:
+        negate = pat.startswith("!")
+        pat = pat[1:].lstrip("/") if negate else pat
+        if fnmatch.fnmatch(rel, pat) or rel.startswith(pat.rstrip("/") + "/"):
+            ignored = not negate
+    return ignored
 
 
 def _workdir(store, st: _State, where: str) -> str:
