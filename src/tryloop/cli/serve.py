@@ -18,7 +18,7 @@ def _help(dotted: str) -> str:
     model: Any = TryloopConfig
     *parents, leaf = dotted.split(".")
     for name in parents:
-        model = model.model_fields[name].default_factory()
+        model = (model if isinstance(model, type) else type(model)).model_fields[name].default_factory()
     field = (model if isinstance(model, type) else type(model)).model_fields[leaf]
     default = getattr(model, leaf) if not isinstance(model, type) else field.get_default(call_default_factory=True)
     return f"{dotted}: {field.description or ''} (default: {default})"

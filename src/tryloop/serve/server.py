@@ -4,6 +4,7 @@ background thread (tests and `tryloop bench serve`, whose clients run in the cal
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,11 @@ def serve(cfg: TryloopConfig, tasks: list[Task], *, on_ready: Callable[[str], No
         asyncio.run(main())
     except OSError as e:
         raise ConfigError(f"serve.env.port: cannot listen on {cfg.serve.env.host}:{cfg.serve.env.port}: {e}") from None
+    # uvicorn re-raises a captured Ctrl-C after its graceful shutdown, but into asyncio.run's own
+    # SIGINT handler, which loses it when the main task has already finished: say it ourselves, so
+    # that Ctrl-C always ends with its documented status.
+    if signal.SIGINT in getattr(server, "_captured_signals", ()):
+        raise KeyboardInterrupt
     if not server.started:
         raise ConfigError(f"serve.env.port: cannot listen on {cfg.serve.env.host}:{cfg.serve.env.port}")
 
