@@ -74,9 +74,11 @@ def main() -> None:
 
     import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
     from learning import config, summarize  # the learning benchmark beside this file
+    from tryloop.cli.train import ensure_gate
     from tryloop.train.run import read_jsonl, train
 
     cfg = config(args.root, None)
+    ensure_gate(cfg)   # a newer checkout may judge with another reward version: gate it first
     learn_dir = cfg.store.runs_dir / "learn"
     if not (learn_dir / "evals.jsonl").exists():
         raise SystemExit(f"{learn_dir}: no learn run; run benchmarks/learning.py --root {args.root} first")
