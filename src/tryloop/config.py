@@ -99,7 +99,9 @@ class TasksConfig(_Model):
     seed: int = 0
 
     def eval_fraction_for(self, source: str | None) -> float:
-        return self.eval_fraction_by_source.get(source or "", self.eval_fraction)
+        from tryloop.tasks.splits import eval_share
+
+        return eval_share(source, self.eval_fraction, self.eval_fraction_by_source)
 
 
 class StoreConfig(_Model):

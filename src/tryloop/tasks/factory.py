@@ -21,7 +21,7 @@ from tryloop.tasks.difficulty import static_difficulty
 from tryloop.tasks.gate import GateConfig, GateReport, GateResult, validate
 from tryloop.tasks.model import Task, TaskMeta
 from tryloop.tasks.project import Project
-from tryloop.tasks.splits import assign_split
+from tryloop.tasks.splits import assign_split, eval_share
 from tryloop.tasks.store import Entry, TaskStore
 
 PROJECTS_DIR = ASSETS / "projects"
@@ -49,7 +49,7 @@ class BuildOptions:
     gate: GateConfig = field(default_factory=GateConfig)
 
     def fraction(self, source: str) -> float:
-        return self.eval_fraction_by_source.get(source, self.eval_fraction)
+        return eval_share(source, self.eval_fraction, self.eval_fraction_by_source)
 
 
 def bundled_projects(root: Path = PROJECTS_DIR) -> list[Project]:

@@ -29,12 +29,17 @@ def assign_split(meta: TaskMeta, eval_fraction: float, seed: int = 0) -> str:
     return "eval" if int.from_bytes(h[:8], "big") / 2**64 < eval_fraction else "train"
 
 
+def eval_share(source: str | None, eval_fraction: float, by_source: dict[str, float] | None) -> float:
+    """The held-out share of a source's split groups: its own in `by_source`, else `eval_fraction`."""
+    return (by_source or {}).get(source or "", eval_fraction)
+
+
 def apply_splits(store: TaskStore, eval_fraction: float = 0.2, seed: int = 0, *,
                  overwrite: bool = False, by_source: dict[str, float] | None = None) -> dict[str, int]:
     """Split every unsplit task (every task with `overwrite`); `by_source` overrides the share per source."""
     counts = {"train": 0, "eval": 0}
     for e in store.query(latest=False):
-        share = (by_source or {}).get(e.meta.source, eval_fraction)
+        share = eval_share(e.meta.source, eval_fraction, by_source)
         split = e.meta.split if (e.meta.split and not overwrite) else assign_split(e.meta, share, seed)
         if split != e.meta.split:
             store.update_meta(e.fingerprint, split=split)
