@@ -73,12 +73,14 @@ class IdRanges:
     def _path(self, base: int) -> Path:
         return self.dir / str(base)
 
-
     def claim(self, sandbox: str) -> int:
         """Reserve a free range for `sandbox`; returns its first host id (the host's number
         of the sandbox's root)."""
+        # One snapshot of the start: threads of this runtime move `_next` while we probe,
+        # and re-reading it could skip the one range still free.
+        start = self._next
         for i in range(self.count):
-            index = (self._next + i) % self.count
+            index = (start + i) % self.count
             base = self.first + index * RANGE
             try:
                 fd = os.open(self._path(base), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
