@@ -1,14 +1,15 @@
-"""Peak memory and time of the policy update, with and without activation checkpointing, side by side.
+"""Peak memory and time of the policy update: without activation checkpointing, with it, and with
+it inside the train loop's lean heap (`tryloop.train.memory.lean_heap`), side by side.
 
     python benchmarks/update_memory.py [--sequences 8] [--length 600] [--completion 192] [--steps 2] [--out FILE]
 
 Each configuration runs in a fresh process (peak memory is a per-process high-water mark) on the
 bundled model with the train run's settings (micro-batch 4, bf16 autocast where the CPU has it,
 fused AdamW): `--steps` updates on the same `--sequences` token sequences of `--length` tokens whose
-last `--completion` tokens carry the loss, advantages +1/-1. The configurations alternate, twice
-each, so load on the machine hits both. Reported per configuration: the process's peak resident
-memory (VmHWM) after loading and after the updates, and the median seconds of an update. Writes
-results-update-memory.json beside this file (or --out).
+last `--completion` tokens carry the loss, advantages +1/-1. The configurations rotate, `--repeats`
+times each, so load on the machine hits all of them. Reported per configuration: the process's peak
+resident memory (VmHWM) after loading and after the updates, and the median seconds of an update.
+Writes results-update-memory.json beside this file (or --out).
 """
 
 from __future__ import annotations
@@ -31,15 +32,24 @@ def _hwm_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def measure(checkpointing: bool, sequences: int, length: int, completion: int, steps: int) -> dict:
+#: name -> (activation checkpointing, lean heap)
+CONFIGS = {"baseline_no_checkpointing": (False, False), "activation_checkpointing": (True, False),
+           "checkpointing_lean_heap": (True, True)}
+
+
+def measure(name: str, sequences: int, length: int, completion: int, steps: int) -> dict:
     """One configuration, in this process."""
+    import contextlib
+
     import torch
 
     from tryloop.agent.hf import load_model
     from tryloop.agent.trajectory import Trajectory
+    from tryloop.train import memory
     from tryloop.train.run_config import TrainRunConfig
     from tryloop.train.update import Learner
 
+    checkpointing, lean = CONFIGS[name]
     algo = TrainRunConfig().algo.model_copy(update={"activation_checkpointing": checkpointing})
     model = load_model("smollm2-135m").model
     loaded_mb = _hwm_mb()
@@ -52,9 +62,10 @@ def measure(checkpointing: bool, sequences: int, length: int, completion: int, s
     seconds = []
     for _ in range(steps):
         t = time.perf_counter()
-        learner.step(trajs, [1.0 if i % 2 else -1.0 for i in range(sequences)])
+        with memory.lean_heap() if lean else contextlib.nullcontext():
+            learner.step(trajs, [1.0 if i % 2 else -1.0 for i in range(sequences)])
         seconds.append(time.perf_counter() - t)
-    return {"activation_checkpointing": checkpointing, "loaded_mb": round(loaded_mb),
+    return {"config": name, "loaded_mb": round(loaded_mb),
             "peak_mb": round(_hwm_mb()), "update_s": seconds}
 
 
@@ -66,16 +77,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results-update-memory.json")
-    ap.add_argument("--one", choices=["on", "off"], help=argparse.SUPPRESS)  # a child's configuration
+    ap.add_argument("--one", choices=list(CONFIGS), help=argparse.SUPPRESS)  # a child's configuration
     args = ap.parse_args()
     shape = (args.sequences, args.length, args.completion, args.steps)
     if args.one:
-        print(json.dumps(measure(args.one == "on", *shape)))
+        print(json.dumps(measure(args.one, *shape)))
         return
 
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    names = list(CONFIGS)
     for r in range(args.repeats):
-        for which in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        for which in names[r % len(names):] + names[:r % len(names)]:
             cmd = [sys.executable, __file__, "--one", which, "--sequences", str(args.sequences),
                    "--length", str(args.length), "--completion", str(args.completion), "--steps", str(args.steps)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -87,12 +99,14 @@ def main() -> None:
                 "loaded_mb_p50": statistics.median(r["loaded_mb"] for r in rs),
                 "update_s_p50": statistics.median(s for r in rs for s in r["update_s"])}
 
-    base, ours = row(runs["off"]), row(runs["on"])
+    rows = {name: row(rs) for name, rs in runs.items()}
+    base = rows["baseline_no_checkpointing"]
+    for r in rows.values():
+        r["peak_ratio"] = r["peak_mb_p50"] / base["peak_mb_p50"]
+        r["update_time_ratio"] = r["update_s_p50"] / base["update_s_p50"]
     result = {"date": time.strftime("%Y-%m-%d"), "shape": dict(zip(("sequences", "length", "completion", "steps"),
                                                                     shape, strict=True)),
-              "baseline_no_checkpointing": base, "activation_checkpointing": ours,
-              "peak_ratio": ours["peak_mb_p50"] / base["peak_mb_p50"],
-              "update_time_ratio": ours["update_s_p50"] / base["update_s_p50"], "runs": runs}
+              **rows, "runs": runs}
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
 

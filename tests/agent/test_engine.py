@@ -114,9 +114,26 @@ async def test_update_weights_changes_what_is_generated(smollm2, prompts):
         assert await eng.update_weights(original, version="w2") == "w2"
         back = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
         assert back.token_ids == before.token_ids
+        # A trainer hands its live model: the engine copies from its tensors.
+        learner_model = copy.deepcopy(smollm2.model)
+        learner_model.load_state_dict(noisy)
+        assert await eng.update_weights(learner_model, version="w3") == "w3"
+        assert (await eng.generate(prompts[1], max_new_tokens=8, temperature=0)).token_ids == after.token_ids
         with pytest.raises(RuntimeError):                       # wrong keys: the caller hears it
             await eng.update_weights({"nope": torch.zeros(1)})
-        assert eng.weights_version == "w2"
+        assert eng.weights_version == "w3"
+
+
+async def test_drop_prefix_cache_frees_it_and_keeps_the_weights(smollm2, prompts):
+    async with Engine(smollm2.model, smollm2.tokenizer, weights_version="w0") as eng:
+        before = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        assert eng.stats().prefix_cache_bytes > 0
+        await eng.drop_prefix_cache()
+        assert eng.stats().prefix_cache_bytes == 0 and eng.weights_version == "w0"
+        again = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        assert again.token_ids == before.token_ids and again.weights_versions == ("w0",)
+    with pytest.raises(EngineClosed):
+        await eng.drop_prefix_cache()
 
 
 async def test_prefix_cache_serves_the_next_turn(smollm2, prompts):

@@ -157,6 +157,11 @@ class _Update:
     done: concurrent.futures.Future[str]
 
 
+@dataclass(eq=False)
+class _DropPrefixes:
+    done: concurrent.futures.Future[None]
+
+
 _CLOSE = object()
 
 
@@ -283,6 +288,17 @@ class Engine:
         """
         return await asyncio.wrap_future(self._submit_update(weights, version))
 
+    async def drop_prefix_cache(self) -> None:
+        """Free the prefix cache's memory now. A trainer calls it before an update: the update
+        makes every cached prefix stale, and until it is applied they would sit beside the
+        learner's gradients (up to `prefix_cache_mb`)."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            self._inbox.put(_DropPrefixes(done))
+        await asyncio.wrap_future(done)
+
     def update_weights_blocking(self, weights: Any, *, version: str | None = None) -> str:
         """`update_weights` for a caller outside the event loop (a trainer thread)."""
         return self._submit_update(weights, version).result()
@@ -361,6 +377,9 @@ class Engine:
                 self._waiting.append(msg)
             elif isinstance(msg, _Update):
                 self._apply_update(msg)
+            elif isinstance(msg, _DropPrefixes):
+                self._prefixes.clear()
+                msg.done.set_result(None)
 
     def _apply_update(self, upd: _Update) -> None:
         try:
@@ -533,7 +552,7 @@ class Engine:
                     break
                 if isinstance(msg, _Request):
                     _resolve(msg, error=error())
-                elif isinstance(msg, _Update):
+                elif isinstance(msg, (_Update, _DropPrefixes)):
                     msg.done.set_exception(error())
 
 

@@ -49,7 +49,7 @@ from tryloop.tasks.model import Task
 from tryloop.tasks.store import TaskStore
 from tryloop.telemetry.metrics_http import serve_metrics
 from tryloop.telemetry.stats import pass_counts
-from tryloop.train import checkpoint
+from tryloop.train import checkpoint, memory
 from tryloop.train.curriculum import Curriculum
 from tryloop.train.run_config import TrainRunConfig
 
@@ -91,18 +91,6 @@ def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _release_memory() -> None:
-    """Give freed tensor memory back to the OS after an update: glibc keeps large freed blocks of
-    varying sizes in its arenas, and a CPU run's resident memory otherwise grows step by step."""
-    import contextlib
-    import ctypes
-    import gc
-
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def _truncate_jsonl(path: Path, before_step: int) -> None:
     """Drop rows of steps >= `before_step`: a kill between a row and its checkpoint leaves a row the
     resumed run writes again (the held-out baseline, step -1, is kept)."""
@@ -117,12 +105,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
 
 
 #: Per-step figures also published as Prometheus gauges (tryloop_train_<name>) while the run goes.
@@ -164,7 +146,7 @@ def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any]
         "time_generation_s": sum(t.times.get("model", 0.0) for t in trajs),
         "time_environment_s": sum(t.times.get("env", 0.0) for t in trajs),
         "time_verification_s": sum(t.times.get("verify", 0.0) for t in trajs),
-        "time_update_s": update_s, "time_step_s": step_s, "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "time_update_s": update_s, "time_step_s": step_s, "peak_rss_mb": round(memory.peak_rss_mb(), 1),
         "verify_p50_s": pct(verify, 0.5), "verify_p99_s": pct(verify, 0.99),
         "pool_hit_rate": envs.hit_rate,
         **{f"learn_{k}": v for k, v in learn.items() if isinstance(v, (int, float))},
@@ -352,15 +334,21 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             t0 = time.perf_counter()
             rollout_s = t0 - t_step
             torch.set_num_threads(all_threads)      # nothing else runs during the update
+            # The update makes the engine's cached prefixes stale: free them before it, not after.
+            await policy.engine.drop_prefix_cache()
+            memory.release()
             try:
-                learn = await asyncio.to_thread(learner.step, trajs, adv.for_update())
-                weights = await asyncio.to_thread(learner.export_weights, True)
-                await policy.engine.update_weights(weights, version=f"step-{step}")
+                with memory.lean_heap():
+                    learn = await asyncio.to_thread(learner.step, trajs, adv.for_update())
+                    # The engine copies from the learner's own tensors (casting to its dtype), so
+                    # a full fine-tune makes no intermediate copy; LoRA is merged first.
+                    weights = learner.model if not learner.is_lora else \
+                        await asyncio.to_thread(learner.export_weights, True)
+                    await policy.engine.update_weights(weights, version=f"step-{step}")
+                    del weights
             finally:
                 torch.set_num_threads(rollout_threads)
             update_s = time.perf_counter() - t0
-            del weights
-            _release_memory()
             row = _step_metrics(step, trajs, adv, learn, update_s, envs, refills=refills,
                                 step_s=time.perf_counter() - t_step)
             row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
