@@ -282,3 +282,41 @@ def _unpack_all(root: Path, debs: list[Path], work: Path) -> list[str]:
         ["dpkg", "--print-architecture"], capture_output=True, text=True).stdout)
     (work / "data.tar").unlink(missing_ok=True)
     return names
+
+
+def host_release() -> tuple[str, str]:
+    """(VERSION_ID, VERSION_CODENAME) of the host's Debian release, from /etc/os-release."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            k, sep, v = line.partition("=")
+            if sep:
+                fields[k] = v.strip().strip('"')
+    if fields.get("ID") != "debian" and "debian" not in fields.get("ID_LIKE", "").split():
+        return "", ""
+    return fields.get("VERSION_ID", ""), fields.get("VERSION_CODENAME", "")
+
+
+def debian_base_ref(ref: str) -> bool:
+    """Whether the image reference `ref` (a Dockerfile's FROM) names the host's Debian
+    release: `debian:bookworm`, `debian:12`, `debian:bookworm-slim`, `debian:12.5`. A bare
+    `debian` or `debian:latest` does not (latest may be another release)."""
+    name, _, tag = ref.removeprefix("docker.io/").removeprefix("library/").partition(":")
+    version, codename = host_release()
+    if name != "debian" or not (version or codename):
+        return False
+    tag = tag.removesuffix("-slim")
+    return bool(tag) and (tag in (codename, version) or tag.split(".")[0] == version)
+
+
+async def provide_base(runtime, ref: str, *, on_step: Callable[[str], None] | None = None) -> Image | None:
+    """The image a Dockerfile's `FROM ref` names, made on this host when the store has none:
+    a Debian root of the host's release with apt (`debian_root(runtime, ["apt"])`), tagged
+    `ref`, for the names of that release (see debian_base_ref). None for any other name."""
+    from tryloop.sandbox.catalog import tag_image
+
+    if not debian_base_ref(ref):
+        return None
+    image = await debian_root(runtime, ["apt"], on_step=on_step)
+    tag_image(runtime.store, ref, image.id)
+    return image

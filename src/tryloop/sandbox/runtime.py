@@ -34,7 +34,7 @@ from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
 from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
-from tryloop.sandbox.images import Image, host_image, load_image
+from tryloop.sandbox.images import Image, host_image, load_image, with_host_python
 from tryloop.sandbox.layers import LayerStore, Snapshot
 from tryloop.sandbox.native import build_init
 from tryloop.sandbox.sandbox import Sandbox
@@ -146,6 +146,16 @@ class SandboxRuntime:
 
     def register_image(self, image: Image) -> None:
         self._images[image.id] = image
+
+    def with_host_python(self, image_id: str) -> Image:
+        """The image `image_id` with this host's Python bound in (images.with_host_python): the
+        root of a task's sandboxes when the task has an environment image of its own."""
+        key = f"python:{image_id}"
+        if key not in self._images:
+            img = with_host_python(self.store, self.image(image_id))
+            self._images[img.id] = img
+            self._images[key] = img
+        return self._images[key]
 
     def base_snapshot(self, config: SandboxConfig | None = None) -> Snapshot:
         """The default image with nothing on top: an empty /workspace."""
