@@ -10,9 +10,11 @@ below uses them against the host and must fail, checked from the host where it c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -255,3 +257,84 @@ async def test_no_capabilities_without_a_user_namespace(runtime_config, tmp_path
     with pytest.raises(BuildError, match="user namespace"):
         await run_build_step(rt, [base.layers[-1]], {}, ["true"], options=BuildOptions(network=False))
     assert not rt.live
+
+
+# The escape tests every sandbox passes, run against a sandbox whose commands run as root with
+# the build capabilities (as a RUN step's do) on the host-derived root: host binds and all, the
+# worst case a build could meet. Network aside (a build step's is the host's while it runs).
+# Five tests of the suite assume an unprivileged agent and so do not apply as they are (root may
+# write its own /etc/passwd, list its own /root and write into the image's empty /sys directory,
+# all in its writable layer; setuid binaries cannot make it more than root; kill -1 also reaches
+# its own zygote): `test_root_reaches_no_host_file_secret_or_process` below checks what they
+# check of the host.
+SUITE = ("test_ps_and_proc_show_only_sandbox_processes", "test_cannot_signal_the_host_test_process",
+         "test_mounts_are_read_only_nosuid_nodev",
+         "test_ptrace_is_denied", "test_mount_unshare_chroot_are_denied",
+         "test_proc_sys_is_read_only_and_host_global_sysctls_closed",
+         "test_dev_cannot_be_rewritten_to_plant_a_privileged_stdin", "test_only_safe_device_nodes",
+         "test_host_describing_proc_files_are_masked_and_knobs_read_only", "test_file_api_symlink_tricks",
+         "test_only_loopback_and_no_routes", "test_syscalls_outside_the_allow_list_are_refused")
+
+
+@pytest.fixture
+async def root_sandbox(build_runtime, small_config):
+    cfg = small_config.model_copy(update={"uid": 0, "gid": 0})
+    sb = await build_runtime.create(build_runtime.base_snapshot(small_config), cfg, root_capabilities=True)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+@pytest.mark.parametrize("name", SUITE)
+async def test_escape_suite_against_root_with_build_capabilities(root_sandbox, name):
+    import test_security
+
+    probe = await root_sandbox.exec("grep -E '^(Uid|CapEff)' /proc/self/status")
+    assert probe.text().split()[1] == "0" and int(probe.text().split()[-1], 16) == BUILD_CAPS, probe.text()
+    await getattr(test_security, name)(root_sandbox)
+
+
+async def test_root_reaches_no_host_file_secret_or_process(root_sandbox, tmp_path):
+    """What the five suite tests left out check of the host, against root with the build
+    capabilities: host secrets unread, host binds (/usr, the Python prefixes) unwritable,
+    host knobs unchanged, a host process of the agent's uid unseen and unsignalled."""
+    tag = uuid.uuid4().hex[:12]
+    secret = f"TOPSECRET-{tag}".encode()
+    paths = [Path("/root") / f"tryloop-secret-{tag}", Path("/tmp") / f"tryloop-secret-{tag}"]
+    for p in paths:
+        p.write_bytes(secret)
+        os.chmod(p, 0o600)
+    hostname = Path("/proc/sys/kernel/hostname").read_text()
+    passwd = Path("/etc/passwd").read_bytes()
+    victim = subprocess.Popen(["sleep", "60"], user=1000, group=1000)
+    prefix = os.path.realpath(sys.prefix)
+    targets = [f"/usr/bin/tryloop-evil-{tag}", f"/usr/lib/tryloop-evil-{tag}", f"{prefix}/tryloop-evil-{tag}",
+               f"{prefix}/bin/tryloop-evil-{tag}"]
+    try:
+        res = await root_sandbox.exec(
+            f"cat /root/tryloop-secret-{tag} /tmp/tryloop-secret-{tag} /proc/1/root/tmp/tryloop-secret-{tag}; "
+            "find / -name 'tryloop-secret-*' 2>/dev/null; "
+            + "".join(f"echo x > {t} && echo WROTE {t}; chown 0 {t} && echo CHOWNED {t}; " for t in targets)
+            + f"chmod 777 /usr/bin && echo CHMODDED; chown 0 {prefix}/bin && echo CHOWNED-PREFIX; "
+            "echo pwned > /proc/sys/kernel/hostname && echo HOSTNAME; hostname pwned && echo HOSTNAME; "
+            "echo 'evil::0:0::/:/bin/sh' >> /etc/passwd; "
+            f"ls /proc | grep -qx {victim.pid} && echo SEEN; kill -9 {victim.pid} && echo KILLED; "
+            "stat -c 'usr=%u' /usr/bin", timeout=30)
+        out = res.text() + res.text("stderr")
+        assert secret.decode() not in out and f"tryloop-secret-{tag}\n" not in res.text(), out
+        for word in ("WROTE", "CHOWNED", "CHMODDED", "HOSTNAME", "SEEN", "KILLED"):
+            assert word not in res.text(), out
+        assert "usr=65534" in out, out  # host root's files are unmapped: no capability applies to them
+        assert all(not Path(t).exists() for t in targets)
+        assert Path("/proc/sys/kernel/hostname").read_text() == hostname
+        assert Path("/etc/passwd").read_bytes() == passwd  # the sandbox's own /etc/passwd changed, not this
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait(5)
+        for p in paths:
+            p.unlink(missing_ok=True)
+        for t in targets:
+            with contextlib.suppress(OSError):
+                os.unlink(t)
