@@ -212,7 +212,9 @@ class SandboxRuntime:
         """Start a sandbox whose files are exactly `snapshot` (default: the bare host image).
 
         `root_capabilities` (build sandboxes only): commands run as uid 0 hold
-        BUILD_CAPABILITIES of the sandbox's own user namespace; refused without one.
+        BUILD_CAPABILITIES of the sandbox's own user namespace, and the sandbox loads the
+        build variant of the seccomp filter (seccomp.build_filter(build=True)); refused
+        without a user namespace.
         """
         cfg = config or SandboxConfig()
         if root_capabilities and self.id_ranges is None:
