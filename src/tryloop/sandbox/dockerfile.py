@@ -249,18 +249,16 @@ def _resolve_base(runtime, ref: str, where: str) -> Image:
 async def build_dockerfile(runtime, context: str | Path, dockerfile: str | Path | None = None, *,
                            options: BuildOptions | None = None, tag: str | None = None,
                            on_step: Progress | None = None,
-                           on_output: Callable[[str, bytes], None] | None = None,
-                           text: str | None = None) -> Image:
+                           on_output: Callable[[str, bytes], None] | None = None) -> Image:
     """Build the Dockerfile (default: CONTEXT/Dockerfile) with `context` as its build
-    context; returns the saved image (tagged `tag` if given). `text`: the Dockerfile's
-    content, when it differs from the file's (errors still name the file and line)."""
+    context; returns the saved image (tagged `tag` if given)."""
     from tryloop.sandbox.catalog import tag_image
 
     opts = options or BuildOptions()
     context = Path(context).resolve()
     if not context.is_dir():
         raise BuildError(f"{context}: the build context is not a directory")
-    df = parse(Path(dockerfile) if dockerfile is not None else context / "Dockerfile", text)
+    df = parse(Path(dockerfile) if dockerfile is not None else context / "Dockerfile")
     store = runtime.store
     steps = [ins for ins in df.instructions]
     n = len(steps)

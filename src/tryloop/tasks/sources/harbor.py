@@ -34,7 +34,8 @@ Absolute paths are rewritten in every text file of the three parts: /tests →
 
 A Dockerfile with RUN steps (packages, downloads) is built afterwards by
 `build_environment` with the Dockerfile builder (tryloop.sandbox.dockerfile), on
-a base from the image store or a Debian root of the host's release; the image
+a base from the image store or a Debian root of the host's release, with the
+workspace in its build context; the image
 id is recorded on the task (`meta.image`, so in its fingerprint and its reward
 versions) and the task's sandboxes, the agent's and the verifier's, run on that
 image, with the host's Python bound in for the harness. `tryloop tasks import`
@@ -55,6 +56,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -373,16 +375,6 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
 
 # ---- the environment image -----------------------------------------------------------------
 
-_COPY_WORKSPACE = "COPY workspace /workspace"
-
-
-def _build_text(path: Path) -> str:
-    """The task's Dockerfile as it is built: the workspace COPY left out (a comment keeps the
-    line numbers), since the workspace is the task's snapshot layer, laid over the image."""
-    lines = path.read_text().splitlines()
-    return "\n".join(f"# {ln}" if ln.strip() == _COPY_WORKSPACE else ln for ln in lines) + "\n"
-
-
 def needs_image(task: Task) -> bool:
     """Whether an imported Harbor task's environment/Dockerfile has RUN steps, which only its
     own image reproduces (a task without them keeps the host-derived root)."""
@@ -391,13 +383,18 @@ def needs_image(task: Task) -> bool:
     path = task.root / "environment" / "Dockerfile"
     if task.meta.source != "harbor" or not path.is_file():
         return False
-    return any(ins.cmd == "RUN" for ins in parse(path, _build_text(path)).instructions)
+    return any(ins.cmd == "RUN" for ins in parse(path).instructions)
 
 
 async def build_environment(runtime, task: Task, *, options=None, on_step=None, on_output=None) -> str | None:
     """Build an imported Harbor task's environment/Dockerfile (RUN steps included) with the
     Dockerfile builder, record the image id on the task (`meta.image`, part of its
     fingerprint) and return it; None, and nothing changed, for a Dockerfile without RUN steps.
+
+    The build context is environment/ with the task's workspace as `workspace/`, so the
+    steps after `COPY workspace /workspace` see it, as they saw the files Harbor's
+    Dockerfile copied (a `RUN pip install -r requirements.txt`); the task's workspace layer
+    is laid over the image's /workspace again in its sandboxes.
 
     The base (`FROM`) must be in the image store, or be a Debian root of the host's release
     (`debian:bookworm`, `debian:12`, ... : made here from the host's archives, with apt);
@@ -411,8 +408,7 @@ async def build_environment(runtime, task: Task, *, options=None, on_step=None, 
     if not needs_image(task):
         return None
     path = task.root / "environment" / "Dockerfile"
-    text = _build_text(path)
-    frm = next(ins for ins in parse(path, text).instructions if ins.cmd == "FROM")
+    frm = next(ins for ins in parse(path).instructions if ins.cmd == "FROM")
     ref = frm.args.split()[0]
     try:
         resolve(runtime.store, ref)
@@ -424,9 +420,15 @@ async def build_environment(runtime, task: Task, *, options=None, on_step=None, 
             raise BuildError(f"{path}:{frm.line}: FROM {ref}: not in the image store, and not a base this host "
                              f"can make offline ({here}); import it first: docker save {ref} | "
                              f"tryloop image import - -t {ref}") from None
-    image = await build_dockerfile(runtime, path.parent, path, options=options, text=text,
-                                   on_step=on_step and (lambda i, n, t, st: on_step(f"{i}/{n} {t} ({st})")),
-                                   on_output=on_output)
+    with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(path.parent, context, symlinks=True)
+        if task.workspace_dir.is_dir():
+            shutil.rmtree(context / "workspace", ignore_errors=True)
+            shutil.copytree(task.workspace_dir, context / "workspace", symlinks=True)
+        image = await build_dockerfile(runtime, context, path, options=options,
+                                       on_step=on_step and (lambda i, n, t, st: on_step(f"{i}/{n} {t} ({st})")),
+                                       on_output=on_output)
     origin = dict(task.meta.origin)
     origin["harbor_unsupported"] = [n for n in origin.get("harbor_unsupported", [])
                                     if not n.startswith("RUN not executed")]
