@@ -1,7 +1,8 @@
 """A Harbor task whose Dockerfile installs a Debian package its tests need: the import builds
 its environment image (FROM a Debian root of the host's release, RUN apt-get install), the
 task records the image id, and the agent's and verifier's sandboxes run on it (slow: builds
-a Debian root with apt, downloads from the archive)."""
+a Debian root with apt, downloads from the archive). A variant without network, on a minimal
+image archive, is in tests/sandbox/test_task_images.py."""
 
 from __future__ import annotations
 
@@ -91,3 +92,4 @@ async def test_a_base_this_host_cannot_make_is_refused_with_the_line(runtime, tm
     with pytest.raises(BuildError, match=r"environment/Dockerfile:2: FROM python:3.11-slim: not in the image store"):
         await build_environment(runtime, task)
     assert Task.load(task.root).meta.image is None
+
