@@ -100,3 +100,31 @@ async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_pat
         res = await sb.exec(["/bin/sh", "-c", "ls /; id -u; ls /usr/bin/gcc || echo no-gcc"])
         words = res.text().split()
         assert {"workspace", "1000", "no-gcc"} <= set(words) and "home" not in words, res.text()
+
+
+def test_which_bases_the_host_can_make(monkeypatch):
+    from tryloop.sandbox import debian
+
+    monkeypatch.setattr(debian, "host_release", lambda: ("12", "bookworm"))
+    for ref in ("debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12.5", "docker.io/library/debian:12"):
+        assert debian.debian_base_ref(ref), ref
+    for ref in ("debian", "debian:latest", "debian:trixie", "debian:11", "ubuntu:22.04", "python:3.11-slim"):
+        assert not debian.debian_base_ref(ref), ref
+    monkeypatch.setattr(debian, "host_release", lambda: ("", ""))  # not a Debian host
+    assert not debian.debian_base_ref("debian:bookworm")
+
+
+def test_host_apt_config_is_what_the_host_apt_uses():
+    from tryloop.sandbox.debian import host_apt_config
+
+    if not Path("/etc/apt").is_dir():
+        pytest.skip("not a Debian host")
+    files = host_apt_config()
+    sources = [k for k in files if k.startswith("etc/apt/sources.list")]
+    assert sources and all(files[k] == (Path("/") / k).read_bytes() for k in sources)
+    assert not [k for k in files if "disabled" in k or k.endswith(".save")]  # enabled files only
+    for k in files:
+        if k.startswith(("usr/share/keyrings/", "etc/apt/keyrings/")):  # keyrings the sources name
+            assert any(k.encode() in files[s] or ("/" + k).encode() in files[s] for s in sources), k
+    conf = files.get("etc/apt/apt.conf.d/00host", b"").decode()
+    assert all(line.startswith(("//", "Acquire::")) for line in conf.splitlines()), conf
