@@ -265,7 +265,8 @@ async def test_no_capabilities_without_a_user_namespace(runtime_config, tmp_path
 # Five tests of the suite assume an unprivileged agent and so do not apply as they are (root may
 # write its own /etc/passwd, list its own /root and write into the image's empty /sys directory,
 # all in its writable layer; setuid binaries cannot make it more than root; kill -1 also reaches
-# its own zygote): `test_root_reaches_no_host_file_secret_or_process` below checks what they
+# its own zygote, which the init replaces at the next command, failing one being started at that
+# moment): `test_root_reaches_no_host_file_secret_or_process` below checks what they
 # check of the host.
 SUITE = ("test_ps_and_proc_show_only_sandbox_processes", "test_cannot_signal_the_host_test_process",
          "test_mounts_are_read_only_nosuid_nodev",
