@@ -59,3 +59,38 @@ def test_bench_images_quick(runtime_config, tmp_path):
     res = run(cfg, quick=True, out=tmp_path / "r.json")
     assert res["same_id"] and set(res["latency"]) == {"host", "debian"}
     assert (tmp_path / "r.json").is_file() and res["disk"]["debian"]["mib"] > 10
+
+
+async def test_apt_get_install_in_a_run_step(build_runtime, tmp_path):
+    """A root with apt in it gets the host's sources and proxy settings, and `apt-get
+    install` works in a RUN step: root of the build sandbox holds the capabilities apt and
+    dpkg need (its `_apt` download sandbox included); sandboxes on the image run the tool."""
+    runtime = build_runtime
+    t0 = time.monotonic()
+    root = await debian_root(runtime, ["apt"])
+    root_s = time.monotonic() - t0
+    async with await runtime.create(Snapshot(root.id)) as sb:
+        res = await sb.exec("cat /etc/apt/sources.list.d/*; getent passwd _apt; command -v tree || echo none")
+        assert "_apt:" in res.text() and res.text().split()[-1] == "none", res.text() + res.text("stderr")
+    tag_image(runtime.store, "debian-apt", root.id)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        "FROM debian-apt\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends tree && rm -rf /var/lib/apt/lists/*\n"
+        "RUN useradd -m -u 1500 dev && chown -R dev:dev /home/dev\n"
+        "USER dev\nWORKDIR /home/dev\n")
+    t0 = time.monotonic()
+    image = await build_dockerfile(runtime, ctx)
+    cold = time.monotonic() - t0
+    t0 = time.monotonic()
+    again = await build_dockerfile(runtime, ctx)
+    warm = time.monotonic() - t0
+    assert again.id == image.id
+    async with await runtime.create(Snapshot(image.id)) as sb:
+        res = await sb.exec("mkdir -p a/b && tree --noreport . && id -un && dpkg -s tree | grep ^Status")
+        assert res.ok, res.text() + res.text("stderr")
+        assert res.text().split("\n")[:5] == [".", "└── a", "    └── b", "dev", "Status: install ok installed"], \
+            res.text()
+    print(f"\ndebian root with apt: {root_s:.1f}s; Dockerfile with apt-get install: cold {cold:.1f}s, "
+          f"cached {warm:.3f}s")

@@ -256,6 +256,25 @@ def test_semantics(arch: str) -> None:
     assert verdict("personality", 0x0040000) == EPERM  # ADDR_NO_RANDOMIZE
 
 
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_build_variant_differs_only_in_socket_families(arch: str) -> None:
+    """Build sandboxes: a family outside unix/inet/inet6 fails with EAFNOSUPPORT (useradd
+    carries on as on a kernel without audit), still never opens; everything else as for
+    every sandbox."""
+    t, audit = SYSCALLS[arch], AUDIT[arch]
+    plain, build = build_filter(arch=arch), build_filter(arch=arch, build=True)
+    eafnosupport = 0x00050000 | 97
+    for family, typ, proto in ((16, 3, 9), (16, 3, 0), (17, 3, 0), (40, 1, 0), (38, 5, 0)):
+        assert run_bpf(build, t["socket"], audit, (family, typ, proto)) == eafnosupport, family
+        assert run_bpf(plain, t["socket"], audit, (family, typ, proto)) == EPERM, family
+    assert run_bpf(build, t["socket"], audit, (2, 10)) == EPERM  # AF_INET, SOCK_PACKET
+    for family in (1, 2, 10):
+        assert run_bpf(build, t["socket"], audit, (family, 1)) == ALLOW
+    for name, nr in t.items():
+        if name != "socket":
+            assert run_bpf(build, nr, audit, (FORK_FLAGS,)) == run_bpf(plain, nr, audit, (FORK_FLAGS,)), name
+
+
 def test_extra_deny_semantics() -> None:
     prog = build_filter(["getcwd", "clone", "open"], arch="aarch64")  # aarch64 has no open
     t, audit = SYSCALLS["aarch64"], AUDIT["aarch64"]

@@ -15,8 +15,12 @@ asked for and everything they depend on:
    leaves it after unpacking: every package "install ok unpacked", its file list and
    maintainer scripts under /var/lib/dpkg/info. That tree is one layer.
 4. The maintainer scripts run in a build sandbox on that layer, as root of its own
-   user namespace and without network (`preinst install` of each package, then
+   user namespace (with the build capabilities of that namespace) and without network (`preinst install` of each package, then
    `dpkg --configure -a`); what they change is a second layer.
+
+A root with apt in it also gets the host's apt sources, the keyrings they name and its
+proxy settings (`host_apt_config`), a layer of their own, so that `apt-get install` in a
+RUN step on it reaches the archives the way the host does.
 
 Conffiles are not recorded as such in the status database (upgrading one later treats
 it as an ordinary file). The image's environment is Debian's default PATH, its user
@@ -93,6 +97,38 @@ def essential_packages(cache_dir: Path | None = None) -> list[str]:
     return sorted(names)
 
 
+_APT_CONF_KEEP = re.compile(r"^Acquire::(([A-Za-z0-9]+::)?Proxy(::\S+)?|Check-Valid-Until|Check-Date|"
+                            r"(https?::)?Timeout|Retries) ")
+_SIGNED_BY = re.compile(r"(?:^Signed-By:\s*|\[[^]]*signed-by=)(/[^\s\]]+)", re.M | re.I)
+
+
+def host_apt_config() -> dict[str, bytes]:
+    """What apt in a root needs to reach the archives the way the host's apt does, as
+    files of the root: the host's sources (`/etc/apt/sources.list` and the enabled
+    `.list`/`.sources` files of `sources.list.d`), the keyrings they name with
+    `Signed-By`, and the host's proxy and archive-validity settings
+    (`etc/apt/apt.conf.d/00host`, from `apt-config dump`)."""
+    files: dict[str, bytes] = {}
+    etc = Path("/etc/apt")
+    sources = [etc / "sources.list"] if (etc / "sources.list").is_file() else []
+    d = etc / "sources.list.d"
+    if d.is_dir():
+        sources += sorted(p for p in d.iterdir() if p.suffix in (".list", ".sources") and p.is_file())
+    for p in sources:
+        data = p.read_bytes()
+        files[str(p).lstrip("/")] = data
+        for key in _SIGNED_BY.findall(data.decode(errors="replace")):
+            k = Path(key)
+            if k.is_file() and str(k).startswith(("/usr/share/keyrings/", "/etc/apt/")):
+                files[str(k).lstrip("/")] = k.read_bytes()
+    dump = subprocess.run(["apt-config", "dump"], capture_output=True, text=True)
+    keep = [ln for ln in dump.stdout.splitlines() if _APT_CONF_KEEP.match(ln)] if dump.returncode == 0 else []
+    if keep:
+        files["etc/apt/apt.conf.d/00host"] = ("// the host's apt settings for reaching its archives\n"
+                                              + "\n".join(keep) + "\n").encode()
+    return files
+
+
 def resolve(packages: list[str], work: Path) -> list[tuple[str, str, str]]:
     """(uri, file name, hash) of every package the set needs, from an empty system."""
     for p in packages:
@@ -127,7 +163,13 @@ async def debian_root(runtime, packages: list[str], *, on_step: Callable[[str], 
         essential = essential_packages(store.root / "debian-cache")
         files = resolve(sorted(set(essential) | set(wanted)), work)
         arch = _run(["dpkg", "--print-architecture"], "dpkg --print-architecture").stdout.strip()
-        digest = hashlib.sha256(json.dumps([arch, [[f, h] for _, f, h in files]]).encode()).hexdigest()
+        names_resolved = {f.split("_", 1)[0] for _, f, _ in files}
+        # A root with apt gets the host's sources and proxy settings (a layer of its own),
+        # so `apt-get install` in a RUN step on it reaches the archives as the host does.
+        apt_conf = host_apt_config() if "apt" in names_resolved else {}
+        digest = hashlib.sha256(json.dumps([arch, [[f, h] for _, f, h in files],
+                                            sorted((k, hashlib.sha256(v).hexdigest())
+                                                   for k, v in apt_conf.items())]).encode()).hexdigest()
         record = store.root / "debian-roots" / digest
         if record.is_file():
             try:
@@ -153,6 +195,8 @@ async def debian_root(runtime, packages: list[str], *, on_step: Callable[[str], 
         unpacked = store.add_tree(root)
     bottom = mountpoints_layer(store)
     layers = [unpacked, bottom]
+    if apt_conf:
+        layers.insert(0, store.add_files(apt_conf, uid=0, gid=0))
     # base-passwd's preinst makes /etc/passwd and /etc/group: it runs first.
     script = ("set -e; /sbin/ldconfig; export DEBIAN_FRONTEND=noninteractive DPKG_MAINTSCRIPT_NAME=preinst; "
               "cd /var/lib/dpkg/info; for p in base-passwd " + " ".join(n for n in names if n != "base-passwd") +
@@ -180,9 +224,8 @@ async def debian_root(runtime, packages: list[str], *, on_step: Callable[[str], 
 
 _INFO_SKIP = {"control"}
 #: What base-files' postinst chowns, prepared with the ownership it sets (Debian's fixed
-#: gids: mail 8, utmp 43). The root of a build sandbox has no capabilities (it may only
-#: give a file the owner and group it already has), so a script's chown to another
-#: group would fail there. (path, gid, mode, is_dir)
+#: gids: mail 8, utmp 43), so that the unpacked layer already has it (the scripts' own
+#: chown, with the build sandbox's CAP_CHOWN, then changes nothing). (path, gid, mode, is_dir)
 _PRESET = (("var/mail", 8, 0o2775, True), ("var/log/wtmp", 43, 0o664, False),
            ("var/log/btmp", 43, 0o660, False), ("var/log/lastlog", 43, 0o664, False))
 
@@ -239,3 +282,41 @@ def _unpack_all(root: Path, debs: list[Path], work: Path) -> list[str]:
         ["dpkg", "--print-architecture"], capture_output=True, text=True).stdout)
     (work / "data.tar").unlink(missing_ok=True)
     return names
+
+
+def host_release() -> tuple[str, str]:
+    """(VERSION_ID, VERSION_CODENAME) of the host's Debian release, from /etc/os-release."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            k, sep, v = line.partition("=")
+            if sep:
+                fields[k] = v.strip().strip('"')
+    if fields.get("ID") != "debian" and "debian" not in fields.get("ID_LIKE", "").split():
+        return "", ""
+    return fields.get("VERSION_ID", ""), fields.get("VERSION_CODENAME", "")
+
+
+def debian_base_ref(ref: str) -> bool:
+    """Whether the image reference `ref` (a Dockerfile's FROM) names the host's Debian
+    release: `debian:bookworm`, `debian:12`, `debian:bookworm-slim`, `debian:12.5`. A bare
+    `debian` or `debian:latest` does not (latest may be another release)."""
+    name, _, tag = ref.removeprefix("docker.io/").removeprefix("library/").partition(":")
+    version, codename = host_release()
+    if name != "debian" or not (version or codename):
+        return False
+    tag = tag.removesuffix("-slim")
+    return bool(tag) and (tag in (codename, version) or tag.split(".")[0] == version)
+
+
+async def provide_base(runtime, ref: str, *, on_step: Callable[[str], None] | None = None) -> Image | None:
+    """The image a Dockerfile's `FROM ref` names, made on this host when the store has none:
+    a Debian root of the host's release with apt (`debian_root(runtime, ["apt"])`), tagged
+    `ref`, for the names of that release (see debian_base_ref). None for any other name."""
+    from tryloop.sandbox.catalog import tag_image
+
+    if not debian_base_ref(ref):
+        return None
+    image = await debian_root(runtime, ["apt"], on_step=on_step)
+    tag_image(runtime.store, ref, image.id)
+    return image

@@ -14,7 +14,9 @@ Every step that changes files is one layer of the store:
   the same layer without any cache;
 * a `RUN` step executes in a build sandbox whose root is the image built so far (no host
   root), inside a user namespace of its own, as the image's user (root there is an
-  unprivileged id on the host); the network is open for it and for nothing else. Its
+  unprivileged id on the host, holding only the build capabilities of that namespace:
+  `runtime.BUILD_CAPABILITIES`, so that apt, dpkg and chown work); the network is open
+  for it and for nothing else. Its
   writable layer, translated back from the namespace's ids, becomes the step's layer.
   The layer is cached under a key of the image it ran on, the command and the build
   arguments it sees (`build-cache/` in the store), so a rebuild with nothing changed
@@ -672,7 +674,8 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
         raise BuildError(f"{what}: runs as root, which a build sandbox may only be in a user namespace of its "
                          f"own, and this runtime gives none ({runtime.user_namespaces_detail}); name an "
                          "unprivileged USER or enable runtime.user_namespaces")
-    async with await runtime.create(snap, cfg) as sb:
+    # Root holds the build capabilities of its own user namespace (see runtime.BUILD_CAPABILITIES).
+    async with await runtime.create(snap, cfg, root_capabilities=runtime.user_namespaces) as sb:
         res = await sb.exec(cmd, cwd=workdir, on_output=on_output, merge_stderr=True)
         if not res.ok:
             why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else

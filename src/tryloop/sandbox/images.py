@@ -313,3 +313,37 @@ def host_image(store: LayerStore, uid: int = 1000, gid: int = 1000) -> Image:
                   meta={"kind": "host", "python": sys.version.split()[0]})
     save_image(store, image)
     return image
+
+
+def with_host_python(store: LayerStore, base: Image) -> Image:
+    """`base` (an image made only of layers) with this host's Python installations bound
+    read-only at their own paths, first on PATH, as the default image has them: what the
+    verifier's harness runs its supervisor and pytest with, in a task's own environment.
+
+    The bound interpreter uses the image's C library and shared libraries (a Debian root of
+    the host's release has what it needs). Cached: the same base on the same host gives the
+    same id. HOME defaults to /tmp when the base names none."""
+    prefixes = python_prefixes()
+    binds = tuple((p, p) for p in prefixes)
+    with tempfile.TemporaryDirectory(dir=store.root / "tmp" if (store.root / "tmp").is_dir() else None) as tmp:
+        skel = Path(tmp) / "skel"
+        skel.mkdir()
+        for _, dst in binds:
+            parts = Path(dst).parts[1:]
+            for i in range(1, len(parts)):
+                if not skel.joinpath(*parts[:i]).exists():
+                    _mkdir(skel, str(Path(*parts[:i])), 0o711)  # traversable, not listable
+            _mkdir(skel, dst, 0o755)
+        mounts = store.add_tree(skel)
+    env = dict(base.env)
+    path = [f"{p}/bin" for p in reversed(prefixes)]
+    env["PATH"] = ":".join([*path, *(d for d in env.get("PATH", "/usr/bin:/bin").split(":") if d not in path)])
+    env.setdefault("HOME", "/tmp")
+    env_items = tuple(sorted(env.items()))
+    layers = (mounts, *base.layers)
+    iid = image_id(layers, binds, env_items, f"{_host_fingerprint(list(binds))}:{base.workdir}:{base.user}")
+    image = Image(id=iid, layers=layers, binds=binds, env=env_items, uid=base.uid, gid=base.gid,
+                  meta={"kind": "task", "base": base.id, "python": sys.version.split()[0]},
+                  workdir=base.workdir, user=base.user)
+    save_image(store, image)
+    return image

@@ -34,12 +34,23 @@ from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
 from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
-from tryloop.sandbox.images import Image, host_image, load_image
+from tryloop.sandbox.images import Image, host_image, load_image, with_host_python
 from tryloop.sandbox.layers import LayerStore, Snapshot
 from tryloop.sandbox.native import build_init
 from tryloop.sandbox.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
+
+#: What a command running as uid 0 in a build sandbox holds (`create(root_capabilities=True)`),
+#: with their numbers from linux/capability.h. What apt, dpkg and maintainer scripts need:
+#: chown, write and chmod files of other owners, set-id bits, switch to another uid (apt's
+#: `_apt`), signal their own processes. The kernel confines each to the sandbox's own user
+#: namespace: they act on files whose owner and group the namespace maps (the image's layers
+#: and the writable layer; a host file is unmapped there) and on the sandbox's processes.
+BUILD_CAPABILITIES: dict[str, int] = {
+    "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
+    "CAP_SETGID": 6, "CAP_SETUID": 7,
+}
 
 
 @dataclass
@@ -86,7 +97,7 @@ class SandboxRuntime:
         self.mnt_dir = self.config.state_dir / "mnt"
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.mnt_dir.mkdir(parents=True, exist_ok=True)
-        self._seccomp_files: dict[tuple[str, ...], Path] = {}
+        self._seccomp_files: dict[tuple[str, ...], Path] = {}  # extra deny (+ "+build") -> file
         self._images: dict[str, Image] = {}
         self._host_images: dict[tuple[int, int], Image] = {}
         self._live: dict[str, Sandbox] = {}
@@ -136,6 +147,16 @@ class SandboxRuntime:
     def register_image(self, image: Image) -> None:
         self._images[image.id] = image
 
+    def with_host_python(self, image_id: str) -> Image:
+        """The image `image_id` with this host's Python bound in (images.with_host_python): the
+        root of a task's sandboxes when the task has an environment image of its own."""
+        key = f"python:{image_id}"
+        if key not in self._images:
+            img = with_host_python(self.store, self.image(image_id))
+            self._images[img.id] = img
+            self._images[key] = img
+        return self._images[key]
+
     def base_snapshot(self, config: SandboxConfig | None = None) -> Snapshot:
         """The default image with nothing on top: an empty /workspace."""
         cfg = config or SandboxConfig()
@@ -168,11 +189,12 @@ class SandboxRuntime:
         self.store.save_snapshot(snap, {"source": str(src) if not isinstance(src, dict) else "files"})
         return snap
 
-    def _seccomp_file(self, extra: Iterable[str]) -> Path:
-        key = tuple(sorted(set(extra)))
+    def _seccomp_file(self, extra: Iterable[str], build: bool = False) -> Path:
+        names = tuple(sorted(set(extra)))
+        key = (*names, "+build") if build else names
         path = self._seccomp_files.get(key)
         if path is None:
-            prog = seccomp.build_filter(key)
+            prog = seccomp.build_filter(names, build=build)
             d = self.config.store_dir / "seccomp"
             d.mkdir(parents=True, exist_ok=True)
             path = d / f"{hashlib.sha256(prog).hexdigest()[:16]}.bpf"
@@ -186,9 +208,18 @@ class SandboxRuntime:
     # ---- sandboxes ---------------------------------------------------------
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
-                     *, timeout: float = 10.0) -> Sandbox:
-        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image)."""
+                     *, timeout: float = 10.0, root_capabilities: bool = False) -> Sandbox:
+        """Start a sandbox whose files are exactly `snapshot` (default: the bare host image).
+
+        `root_capabilities` (build sandboxes only): commands run as uid 0 hold
+        BUILD_CAPABILITIES of the sandbox's own user namespace, and the sandbox loads the
+        build variant of the seccomp filter (seccomp.build_filter(build=True)); refused
+        without a user namespace.
+        """
         cfg = config or SandboxConfig()
+        if root_capabilities and self.id_ranges is None:
+            raise SandboxError("capabilities for root are given only inside a user namespace of the sandbox's "
+                               f"own, which this runtime does not give ({self.user_namespaces_detail})")
         if self.id_ranges is not None and max(cfg.uid, cfg.gid) >= RANGE:
             raise SandboxError(f"agent uid {cfg.uid} / gid {cfg.gid}: a sandbox's user namespace maps ids "
                                f"0..{RANGE - 1} only")
@@ -215,12 +246,14 @@ class SandboxRuntime:
                 memory_bytes=lim.memory_mb << 20, pids=lim.pids,
                 cpu_quota_us=int(lim.cpus * 100_000), cpu_weight=lim.cpu_weight))
             items = [("mnt", str(self.mnt_dir)), ("hostname", cfg.hostname),
-                     ("seccomp", str(self._seccomp_file(cfg.seccomp_extra_deny))),
+                     ("seccomp", str(self._seccomp_file(cfg.seccomp_extra_deny, build=root_capabilities))),
                      ("net", "1" if cfg.network else "0"), ("quota", str(lim.disk_mb << 20)),
                      ("shm", str(lim.dev_shm_mb << 20)),
                      ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
             if id_base:
                 items.append(("idbase", str(id_base)))
+                if root_capabilities:
+                    items.append(("rootcaps", str(sum(1 << n for n in BUILD_CAPABILITIES.values()))))
             items += [("lower", p) for p in lowers]
             for src, dst in image.binds:
                 items += [("bsrc", src), ("bdst", dst)]

@@ -374,8 +374,24 @@ def _clone_body() -> tuple[_Insn, ...]:
     )
 
 
-def _socket_body() -> tuple[_Insn, ...]:
+def _socket_body(other_family: _Insn | None = None) -> tuple[_Insn, ...]:
+    """socket(): unix, inet6, and inet but not SOCK_PACKET; other families get `other_family`
+    (default EPERM)."""
     unix, inet, inet6 = SOCKET_FAMILIES["AF_UNIX"], SOCKET_FAMILIES["AF_INET"], SOCKET_FAMILIES["AF_INET6"]
+    if other_family is not None:
+        return (
+            _stmt(_BPF_LD_W_ABS, _arg_lo(0)),  # 0: domain
+            _jump(_BPF_JEQ_K, unix, 6, 0),  # 1: -> 8 allow
+            _jump(_BPF_JEQ_K, inet6, 5, 0),  # 2: -> 8 allow
+            _jump(_BPF_JEQ_K, inet, 0, 6),  # 3: another family -> 10
+            _stmt(_BPF_LD_W_ABS, _arg_lo(1)),  # 4: type
+            _stmt(_BPF_AND_K, _SOCK_TYPE_MASK),  # 5
+            _jump(_BPF_JEQ_K, _SOCK_PACKET, 2, 0),  # 6: -> 9 deny
+            _ALLOW,  # 7
+            _ALLOW,  # 8
+            _DENY,  # 9
+            other_family,  # 10
+        )
     return (
         _stmt(_BPF_LD_W_ABS, _arg_lo(0)),  # 0: domain
         _jump(_BPF_JEQ_K, unix, 6, 0),  # 1: -> 8 allow
@@ -417,6 +433,13 @@ ARG_RULES: Mapping[str, tuple[tuple[_Insn, ...], str]] = MappingProxyType(
         ),
     }
 )
+# Build sandboxes (image builds): a socket family outside unix/inet/inet6 fails with
+# EAFNOSUPPORT, the answer of a kernel without that family, instead of EPERM. Tools that
+# open the audit netlink socket (useradd, groupadd, passwd from shadow) abort on EPERM but
+# carry on, as on a kernel without audit, on EAFNOSUPPORT; still no netlink socket opens.
+_EAFNOSUPPORT = 97  # same value on x86_64 and aarch64
+_BUILD_ARG_RULES: Mapping[str, tuple[_Insn, ...]] = MappingProxyType(
+    {"socket": _socket_body(other_family=_ret(_RET_ERRNO | _EAFNOSUPPORT))})
 # clone3's flags are in memory BPF cannot read; ENOSYS makes glibc fall back to clone.
 _ENOSYS_NAMES = frozenset({"clone3"})
 _CLONE3_LINE = "clone3: ENOSYS (its flags are in memory BPF cannot read; glibc falls back to clone)"
@@ -455,7 +478,7 @@ def verdicts(extra_deny: Iterable[str] = (), arch: str | None = None) -> dict[st
     return {sc: plain.get(v, "rule") for sc, (v, _nr) in table.items()}  # type: ignore[call-overload]
 
 
-def _table_verdicts(extra: tuple[str, ...], arch: str) -> dict[str, tuple[_Verdict, int]]:
+def _table_verdicts(extra: tuple[str, ...], arch: str, build: bool = False) -> dict[str, tuple[_Verdict, int]]:
     """The verdict of each syscall `arch`'s table knows. clone3 keeps ENOSYS even when listed
     in extra_deny: EPERM would stop glibc's fallback to clone and so break thread creation."""
     allowed = set(ALLOWED) - set(extra)
@@ -463,6 +486,8 @@ def _table_verdicts(extra: tuple[str, ...], arch: str) -> dict[str, tuple[_Verdi
     for name, nr in SYSCALLS[arch].items():
         if name in _ENOSYS_NAMES:
             verdict: _Verdict = _NOSYS
+        elif build and name in _BUILD_ARG_RULES and name not in extra:
+            verdict = _BUILD_ARG_RULES[name]
         elif name in ARG_RULES and name not in extra:
             verdict = ARG_RULES[name][0]
         elif name in allowed:
@@ -506,8 +531,8 @@ def _tree(ranges: list[tuple[int, _Verdict]]) -> list[_Insn]:
 
 
 @functools.lru_cache(maxsize=32)
-def _build(extra: tuple[str, ...], arch: str) -> bytes:
-    by_nr = {nr: v for v, nr in _table_verdicts(extra, arch).values()}
+def _build(extra: tuple[str, ...], arch: str, build: bool = False) -> bytes:
+    by_nr = {nr: v for v, nr in _table_verdicts(extra, arch, build).values()}
     prog: list[_Insn] = [
         _stmt(_BPF_LD_W_ABS, _OFF_ARCH),
         _jump(_BPF_JEQ_K, _ARCHES[arch], 1, 0),
@@ -538,17 +563,19 @@ def _check(prog: list[_Insn]) -> None:
         raise ValueError("seccomp program must end in a return")
 
 
-def build_filter(extra_deny: Iterable[str] = (), arch: str | None = None) -> bytes:
+def build_filter(extra_deny: Iterable[str] = (), arch: str | None = None, *, build: bool = False) -> bytes:
     """Return the filter as raw `struct sock_filter[]` bytes for `arch` (default: this host).
 
     Allows ALLOWED and the argument rules (ARG_RULES) minus `extra_deny`; every other syscall
     of the arch's table fails with EPERM, clone3 and numbers the table lacks with ENOSYS.
+    `build`: the build sandboxes' variant, the same but for socket families outside
+    unix/inet/inet6, which fail with EAFNOSUPPORT (see _BUILD_ARG_RULES).
     Cached: a runtime builds the filter once and each sandbox's zygote loads it once.
 
     Raises ValueError for a name unknown on every supported arch (a name only another arch has
     is skipped), and HostUnsupported for an arch without a syscall table here.
     """
-    return _build(_normalize_names(extra_deny), _resolve_arch(arch))
+    return _build(_normalize_names(extra_deny), _resolve_arch(arch), build)
 
 
 def filter_length(prog: bytes) -> int:

@@ -81,8 +81,19 @@ def _outcome(report):
 
 
 def task_snapshot(runtime: SandboxRuntime, task: Task, config: SandboxConfig | None = None) -> Snapshot:
-    """The snapshot an agent starts from: the workspace layer on the image (cached by content)."""
-    return runtime.workspace_snapshot(task.workspace_dir, config=config)
+    """The snapshot an agent starts from: the workspace layer on the task's image (cached by
+    content). A task with an environment image (`meta.image`) runs on that image with the
+    host's Python bound in (the harness's interpreter); every other task on the host-derived
+    root. The image is part of the snapshot's id."""
+    image = None
+    if task.meta.image is not None:
+        try:
+            image = runtime.with_host_python(task.meta.image)
+        except KeyError:
+            raise HarnessError(f"task {task.id}: its environment image {task.meta.image[:12]} is not in the "
+                               f"layer store {runtime.store.root}; build it again (`tryloop tasks import` of the "
+                               "task directory)") from None
+    return runtime.workspace_snapshot(task.workspace_dir, image=image, config=config)
 
 
 def sandbox_config_for(task: Task) -> SandboxConfig:

@@ -83,6 +83,8 @@ class TaskMeta(_Model):
     grader: Literal["tests", "answer"] = Field(
         "tests", description="tests: the hidden tests run in a fresh sandbox; answer: the answer file is "
                              "compared on the host with tests/check.json (data analysis, documents)")
+    image: str | None = Field(None, description="id of the task's environment image (built from its "
+                                                "environment/Dockerfile); none: the host-derived root")
     environment: str = Field("software", description="the episode's system prompt and tool set "
                                                       "(tryloop.agent.profiles); not a grading field")
 
@@ -102,6 +104,8 @@ class TaskMeta(_Model):
                                              "pass_to_pass", "protected_paths")}
         if self.grader != "tests":  # only when set, so test-graded tasks keep their versions
             out["grader"] = self.grader
+        if self.image is not None:  # the environment judged in: part of the fingerprint, so of reward versions
+            out["image"] = self.image
         return out
 
 

@@ -24,7 +24,9 @@
  * Each command is cloned from the zygote, which chrooted to the overlay, kept
  * only CAP_SETUID/CAP_SETGID (bounding set empty), set no_new_privs and loaded
  * the precompiled seccomp filter: new session, rlimits, oom_score_adj 0, setuid
- * to the unprivileged uid (which clears the last capabilities), then execve. Resetting kills every process (kill(-1) from pid 1), detaches
+ * to the unprivileged uid (which clears the last capabilities), then execve. In a
+ * build sandbox (config `rootcaps`, refused without a user namespace) a command run
+ * as uid 0 keeps those capabilities of its own user namespace, as ambient ones. Resetting kills every process (kill(-1) from pid 1), detaches
  * the overlay and its tmpfs, enters a fresh IPC namespace and mounts again:
  * the cost does not depend on the size of the workspace.
  */
@@ -88,6 +90,14 @@ struct rsp {
     uint64_t pid, wall_ns, utime_us, stime_us, maxrss_kb, extra;
 };
 
+/* What root of a build sandbox may be given (rootcaps), all of them confined by the kernel
+ * to the sandbox's own user namespace: files whose owner and group it maps (the image's
+ * layers, its writable layer) and its own processes. Never CAP_SYS_ADMIN, CAP_NET_*,
+ * CAP_SYS_MODULE, CAP_DAC_READ_SEARCH (file handles), CAP_MKNOD or CAP_SYS_CHROOT. */
+#define TL_ROOTCAPS_ALLOWED ((1ull << CAP_CHOWN) | (1ull << CAP_DAC_OVERRIDE) | (1ull << CAP_FOWNER) | \
+                             (1ull << CAP_FSETID) | (1ull << CAP_KILL) | (1ull << CAP_SETGID) | \
+                             (1ull << CAP_SETUID))
+
 #define MAXLAYERS 128
 #define MAXBINDS 32
 #define MAXRUN 256
@@ -105,6 +115,7 @@ static struct {
     char *seccomp_path;
     int net;                    /* 1: share host network */
     uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
+    uint64_t rootcaps;          /* build sandboxes: what uid-0 commands hold in that namespace */
     int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* mounts made by the launcher (layers idmapped) */
     uint64_t quota, shm;
     uint64_t lifetime_ms;
@@ -175,12 +186,19 @@ static void parse_config(char *buf, size_t len) {
         else if (!strcmp(k, "seccomp")) cfg.seccomp_path = v;
         else if (!strcmp(k, "net")) cfg.net = atoi(v);
         else if (!strcmp(k, "idbase")) cfg.idbase = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "rootcaps")) cfg.rootcaps = strtoull(v, NULL, 10);
         else if (!strcmp(k, "quota")) cfg.quota = strtoull(v, NULL, 10);
         else if (!strcmp(k, "shm")) cfg.shm = strtoull(v, NULL, 10);
         else if (!strcmp(k, "lifetime_ms")) cfg.lifetime_ms = strtoull(v, NULL, 10);
     }
     if (!cfg.mnt || cfg.nlower == 0 || !cfg.seccomp_path) {
         errno = EINVAL;
+        fatal(S_CONFIG);
+    }
+    /* Capabilities for root's commands only ever within a user namespace of the
+     * sandbox's own: without one they would be the host's. */
+    if (cfg.rootcaps && (!cfg.idbase || (cfg.rootcaps & ~TL_ROOTCAPS_ALLOWED))) {
+        errno = EPERM;
         fatal(S_CONFIG);
     }
 }
@@ -555,7 +573,15 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
         child_fail(errpipe, S_SETUID);
     struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct cd[2] = {{0}};
+    uint32_t keep = x->h.uid == 0 ? (uint32_t)cfg.rootcaps : 0; /* all below bit 32 */
+    cd[0].effective = cd[0].permitted = cd[0].inheritable = keep;
     if (syscall(SYS_capset, &ch, cd) < 0) child_fail(errpipe, S_CAPS);
+    /* Ambient: what survives execve for a uid-0 process without file capabilities
+     * (uid 0 itself gains nothing at exec: SECBIT_NOROOT). Switching to another uid
+     * (apt's _apt) clears them all. */
+    for (int c = 0; keep && c < 32; c++)
+        if ((keep & (1u << c)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0)
+            child_fail(errpipe, S_CAPS);
     if (chdir(x->cwd) < 0) child_fail(errpipe, S_CWD);
     exec_path(x->argv, x->envp);
     child_fail(errpipe, S_EXEC);
@@ -661,7 +687,9 @@ static int child_entry(void *arg) {
  * agent's ids; nothing else (no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_DAC_OVERRIDE, ...).
  * The bounding and ambient sets are emptied, and the securebits are locked so that
  * neither uid 0 nor a setuid binary can bring a capability back at exec, and a uid
- * switch always clears the rest. The hard RLIMIT_NOFILE is raised to the kernel's
+ * switch always clears the rest. A build sandbox (rootcaps, only with a user namespace)
+ * keeps those capabilities too, in the bounding set and the zygote's permitted set, for
+ * its uid-0 commands to raise as ambient ones. The hard RLIMIT_NOFILE is raised to the kernel's
  * ceiling first (where the host allows): lowering it per command needs no privilege,
  * raising it would. */
 #define TL_SECBITS 0x2b /* NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED */
@@ -673,12 +701,17 @@ static int drop_zygote_privileges(void) {
         (void)setrlimit(RLIMIT_NOFILE, &rl); /* a host without CAP_SYS_RESOURCE keeps its limit */
     }
     for (int c = 0; c <= cap_last; c++)
-        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) return -1;
+        if (!(c < 64 && (cfg.rootcaps >> c) & 1) && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
+            return -1;
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) return -1;
-    if (prctl(PR_SET_SECUREBITS, TL_SECBITS | TL_SECBIT_NO_CAP_AMBIENT_RAISE, 0, 0, 0) < 0) return -1;
+    /* A build sandbox's root commands raise their ambient capabilities (within rootcaps,
+     * the only ones left in the bounding set); every other sandbox locks that off. */
+    if (prctl(PR_SET_SECUREBITS, TL_SECBITS | (cfg.rootcaps ? 0x80 /* NO_CAP_AMBIENT_RAISE_LOCKED */
+                                                             : TL_SECBIT_NO_CAP_AMBIENT_RAISE), 0, 0, 0) < 0)
+        return -1;
     struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct cd[2] = {{0}};
-    cd[0].effective = cd[0].permitted = (1u << CAP_SETUID) | (1u << CAP_SETGID);
+    cd[0].effective = cd[0].permitted = (1u << CAP_SETUID) | (1u << CAP_SETGID) | (uint32_t)cfg.rootcaps;
     return (int)syscall(SYS_capset, &ch, cd);
 }
 

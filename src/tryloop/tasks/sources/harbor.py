@@ -30,9 +30,18 @@ works in /workspace, so the import maps:
 Absolute paths are rewritten in every text file of the three parts: /tests →
 /workspace/.harbor-tests, /solution → /workspace/.harbor-solution, /logs →
 /tmp/harbor-logs and the Dockerfile's final WORKDIR (e.g. /app) → /workspace
-(listed in origin.harbor_rewrites). Limits, recorded in origin.harbor_unsupported:
-the Dockerfile's RUN steps (packages, downloads) are not executed in the sandbox,
-which has the host's Python environment instead; COPY --from and COPYs outside
+(listed in origin.harbor_rewrites).
+
+A Dockerfile with RUN steps (packages, downloads) is built afterwards by
+`build_environment` with the Dockerfile builder (tryloop.sandbox.dockerfile), on
+a base from the image store or a Debian root of the host's release, with the
+workspace in its build context; the image
+id is recorded on the task (`meta.image`, so in its fingerprint and its reward
+versions) and the task's sandboxes, the agent's and the verifier's, run on that
+image, with the host's Python bound in for the harness. `tryloop tasks import`
+does this; a task without RUN steps keeps the host-derived root. Limits,
+recorded in origin.harbor_unsupported: until it is built, the RUN steps are not
+executed (the host's Python environment stands in); COPY --from and COPYs outside
 the WORKDIR are not reproduced; paths built at run time escape the rewrite;
 docker-compose environments are not supported. The verifier and the quality
 gate judge such a task by the per-test records of the pytest runs inside
@@ -47,6 +56,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -361,6 +371,70 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(m, target)
     return Task.load(dest)
+
+
+# ---- the environment image -----------------------------------------------------------------
+
+def needs_image(task: Task) -> bool:
+    """Whether an imported Harbor task's environment/Dockerfile has RUN steps, which only its
+    own image reproduces (a task without them keeps the host-derived root)."""
+    from tryloop.sandbox.dockerfile import parse
+
+    path = task.root / "environment" / "Dockerfile"
+    if task.meta.source != "harbor" or not path.is_file():
+        return False
+    return any(ins.cmd == "RUN" for ins in parse(path).instructions)
+
+
+async def build_environment(runtime, task: Task, *, options=None, on_step=None, on_output=None) -> str | None:
+    """Build an imported Harbor task's environment/Dockerfile (RUN steps included) with the
+    Dockerfile builder, record the image id on the task (`meta.image`, part of its
+    fingerprint) and return it; None, and nothing changed, for a Dockerfile without RUN steps.
+
+    The build context is environment/ with the task's workspace as `workspace/`, so the
+    steps after `COPY workspace /workspace` see it, as they saw the files Harbor's
+    Dockerfile copied (a `RUN pip install -r requirements.txt`); the task's workspace layer
+    is laid over the image's /workspace again in its sandboxes.
+
+    The base (`FROM`) must be in the image store, or be a Debian root of the host's release
+    (`debian:bookworm`, `debian:12`, ... : made here from the host's archives, with apt);
+    any other base is refused with a BuildError naming the file and line, as is an
+    unsupported instruction or a failing step. Sandboxes of the task then run on the image,
+    with the host's Python bound in for the harness (tryloop.tasks.harness.task_snapshot)."""
+    from tryloop.sandbox.catalog import resolve
+    from tryloop.sandbox.debian import host_release, provide_base
+    from tryloop.sandbox.dockerfile import BuildError, build_dockerfile, parse
+
+    if not needs_image(task):
+        return None
+    path = task.root / "environment" / "Dockerfile"
+    frm = next(ins for ins in parse(path).instructions if ins.cmd == "FROM")
+    ref = frm.args.split()[0]
+    try:
+        resolve(runtime.store, ref)
+    except KeyError:
+        if "$" in ref or await provide_base(runtime, ref, on_step=on_step) is None:
+            version, codename = host_release()
+            here = (f"only a Debian root of its release: debian:{codename}, debian:{version}"
+                    if codename else "none: this host is not Debian")
+            raise BuildError(f"{path}:{frm.line}: FROM {ref}: not in the image store, and not a base this host "
+                             f"can make offline ({here}); import it first: docker save {ref} | "
+                             f"tryloop image import - -t {ref}") from None
+    with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(path.parent, context, symlinks=True)
+        if task.workspace_dir.is_dir():
+            shutil.rmtree(context / "workspace", ignore_errors=True)
+            shutil.copytree(task.workspace_dir, context / "workspace", symlinks=True)
+        image = await build_dockerfile(runtime, context, path, options=options,
+                                       on_step=on_step and (lambda i, n, t, st: on_step(f"{i}/{n} {t} ({st})")),
+                                       on_output=on_output)
+    origin = dict(task.meta.origin)
+    origin["harbor_unsupported"] = [n for n in origin.get("harbor_unsupported", [])
+                                    if not n.startswith("RUN not executed")]
+    origin["harbor_image"] = {"id": image.id, "from": ref, "dockerfile": "environment/Dockerfile"}
+    task.save_meta(task.meta.model_copy(update={"image": image.id, "origin": origin}))
+    return image.id
 
 
 # ---- export ------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""A Harbor task on its own image in the default run (no network): the base is an image
+archive of the host's bash, a few tools and the C libraries the host's Python needs, a RUN
+step installs the tool the task's tests call; the verifier judges it on that image, with the
+host's Python bound in for the harness. (The Debian variant, with apt-get, is slow:
+tests/rewards/test_harbor_image.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from oci_archives import base_entries, docker_save, image_config, layer_tar
+
+from tryloop.rewards.submission import Submission
+from tryloop.rewards.verifier import verify
+from tryloop.sandbox.catalog import tag_image
+from tryloop.sandbox.dockerfile import BuildOptions
+from tryloop.sandbox.oci import import_archive
+from tryloop.tasks.harness import task_snapshot
+from tryloop.tasks.model import Task
+from tryloop.tasks.sources.harbor import build_environment, import_harbor
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel sandbox needs root")
+
+HARBOR = Path(__file__).parents[1] / "tasks" / "data" / "harbor_apt"
+
+FAST_FIX = '''"""Greetings with imgtool."""
+import subprocess
+
+
+def greet(name: str) -> str:
+    return subprocess.run(["imgtool", name], capture_output=True, text=True, check=True).stdout.strip()
+'''
+
+
+def _python_libs() -> list[str]:
+    """The shared libraries the host's Python and the extension modules the harness and
+    pytest use link against (the image brings them; the interpreter is bound in)."""
+    import glob
+    import subprocess
+    import sys
+
+    dynload = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "lib-dynload"
+    objs = [os.path.realpath(sys.executable)]
+    for mod in ("_ssl", "_hashlib", "_ctypes", "zlib", "_bz2", "_lzma", "_uuid", "pyexpat", "_json"):
+        objs += glob.glob(str(dynload / f"{mod}.*.so"))
+    libs = set()
+    for o in objs:
+        out = subprocess.run(["ldd", o], capture_output=True, text=True).stdout
+        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/") and os.path.exists(w)}
+    return sorted(lib for lib in libs if not lib.startswith(sys.base_prefix))
+
+
+async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_path):
+    """No network: the base is an image archive (the host's bash, a few tools and the C
+    libraries the host's Python needs), a RUN step installs the tool the tests call."""
+    entries = base_entries(tools=("bash", "cat", "ls", "mkdir", "rm", "chmod", "sed", "id"))
+    have = {e[0] for e in entries}
+    for lib in _python_libs():
+        rel = lib.lstrip("/")
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d not in have:
+                have.add(d)
+                entries.append((d, "d", None, 0o755))
+        if rel not in have:
+            have.add(rel)
+            entries.append((rel, "f", Path(os.path.realpath(lib)).read_bytes(), 0o755))
+    layers = [layer_tar(entries)]
+    archive = docker_save(tmp_path / "base.tar", layers, image_config(layers, env=["PATH=/bin"]))
+    tag_image(runtime.store, "harbor-fast-base:1", import_archive(runtime.store, archive).id)
+
+    src = tmp_path / "src"
+    shutil.copytree(HARBOR, src)
+    (src / "environment/Dockerfile").write_text(
+        "FROM harbor-fast-base:1\nWORKDIR /app\nCOPY report.py /app/report.py\n"
+        "RUN printf '#!/bin/sh\\necho \"hello, $1\"\\n' > /bin/imgtool && chmod 755 /bin/imgtool\n")
+    (src / "environment/report.py").write_text(FAST_FIX.replace(".strip()", "[:5]"))  # the bug
+    (src / "tests/test_report.py").write_text(
+        "import shutil\nfrom report import greet\n\n\ndef test_the_tool_is_the_images():\n"
+        "    assert shutil.which('imgtool') == '/bin/imgtool'\n\n\ndef test_greet():\n"
+        "    assert greet('ada') == 'hello, ada'\n")
+    (src / "solution/solve.sh").write_text("#!/bin/bash\nsed -i 's/\\[:5\\]/.strip()/' /app/report.py\n")
+    task = import_harbor(src, tmp_path / "task")
+    iid = await build_environment(runtime, task, options=BuildOptions(network=False))
+    task = Task.load(task.root)
+    assert task.meta.image == iid and runtime.image(iid).meta["base"]
+
+    fixed = await verify(runtime, task, Submission.from_files({"report.py": FAST_FIX}))
+    assert fixed.state == "pass", fixed.reason
+    assert fixed.outcomes == {".harbor-tests/test_report.py::test_the_tool_is_the_images": "passed",
+                              ".harbor-tests/test_report.py::test_greet": "passed"}
+    broken = await verify(runtime, task, Submission())
+    assert broken.state == "fail" and broken.outcomes[".harbor-tests/test_report.py::test_greet"] == "failed"
+    snap = task_snapshot(runtime, task)
+    async with await runtime.create(snap) as sb:  # no /usr of the host: the image and the Python binds
+        res = await sb.exec(["/bin/sh", "-c", "ls /; id -u; ls /usr/bin/gcc || echo no-gcc"])
+        words = res.text().split()
+        assert {"workspace", "1000", "no-gcc"} <= set(words) and "home" not in words, res.text()
+
+
+def test_which_bases_the_host_can_make(monkeypatch):
+    from tryloop.sandbox import debian
+
+    monkeypatch.setattr(debian, "host_release", lambda: ("12", "bookworm"))
+    for ref in ("debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12.5", "docker.io/library/debian:12"):
+        assert debian.debian_base_ref(ref), ref
+    for ref in ("debian", "debian:latest", "debian:trixie", "debian:11", "ubuntu:22.04", "python:3.11-slim"):
+        assert not debian.debian_base_ref(ref), ref
+    monkeypatch.setattr(debian, "host_release", lambda: ("", ""))  # not a Debian host
+    assert not debian.debian_base_ref("debian:bookworm")
+
+
+def test_host_apt_config_is_what_the_host_apt_uses():
+    from tryloop.sandbox.debian import host_apt_config
+
+    if not Path("/etc/apt").is_dir():
+        pytest.skip("not a Debian host")
+    files = host_apt_config()
+    sources = [k for k in files if k.startswith("etc/apt/sources.list")]
+    assert sources and all(files[k] == (Path("/") / k).read_bytes() for k in sources)
+    assert not [k for k in files if "disabled" in k or k.endswith(".save")]  # enabled files only
+    for k in files:
+        if k.startswith(("usr/share/keyrings/", "etc/apt/keyrings/")):  # keyrings the sources name
+            assert any(k.encode() in files[s] or ("/" + k).encode() in files[s] for s in sources), k
+    conf = files.get("etc/apt/apt.conf.d/00host", b"").decode()
+    assert all(line.startswith(("//", "Acquire::")) for line in conf.splitlines()), conf

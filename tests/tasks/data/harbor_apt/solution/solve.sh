@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i 's/report\["directories"\]/report["files"]/' /app/report.py
