@@ -25,7 +25,7 @@ def _help(dotted: str) -> str:
 
 
 def _serve(cfg) -> None:
-    from tryloop.serve.app import bearer_token
+    from tryloop.serve.asgi import bearer_token
     from tryloop.serve.server import serve, served_tasks
 
     scfg = cfg.serve.env
