@@ -3,26 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, field_help, load_config, run_cli
 
 app = typer.Typer(help="Servers (see docs/serve.md).", no_args_is_help=True)
 
 
-def _help(dotted: str) -> str:
-    """A flag's help: the config field it sets, its description and its default."""
-    from tryloop.config import TryloopConfig
-
-    model: Any = TryloopConfig
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-        model = (model if isinstance(model, type) else type(model)).model_fields[name].default_factory()
-    field = (model if isinstance(model, type) else type(model)).model_fields[leaf]
-    default = getattr(model, leaf) if not isinstance(model, type) else field.get_default(call_default_factory=True)
-    return f"{dotted}: {field.description or ''} (default: {default})"
+_help = field_help
 
 
 def _serve(cfg) -> None:
