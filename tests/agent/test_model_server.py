@@ -120,11 +120,13 @@ def test_openai_client_streams_the_same_tokens(oai):
 
 def test_streamed_text_holds_back_a_stop_string(oai):
     kw = dict(model=NAME, prompt="def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", temperature=0,
-              max_tokens=40, stop=["return"])
+              max_tokens=40, stop=["return"], logprobs=0)
     whole = oai.completions.create(**kw).choices[0]
     streamed = list(oai.completions.create(stream=True, **kw))
     assert whole.finish_reason == "stop" and "return" not in whole.text
     assert "".join(c.choices[0].text for c in streamed) == whole.text
+    lps = [v for c in streamed if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert lps == pytest.approx(whole.logprobs.token_logprobs, abs=1e-5)     # every token's, text or not
     assert streamed[-1].choices[0].finish_reason == "stop"
 
 

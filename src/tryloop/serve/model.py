@@ -464,6 +464,9 @@ class _ModelServer:
         decoders = [_Decoder(self.tokenizer, stop_ids, req.stop) for _ in range(req.n)]
         samples: list[Sample | None] = [None] * req.n
         first_token = True
+        # Completions ask with an int (0: the sampled token's), chat with a bool.
+        asked = getattr(req, "logprobs", None)
+        wants_logprobs = bool(asked) if chat else asked is not None
         try:
             for i in range(req.n):
                 choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": None}
@@ -492,17 +495,17 @@ class _ModelServer:
                 token, lp, plp = event
                 sent_before = len(decoders[i].sent)
                 delta = decoders[i].push(token)
-                if not delta and not req.logprobs and not req.return_token_ids:
-                    continue
+                if not delta and not wants_logprobs and not req.return_token_ids:
+                    continue        # nothing to say for this token yet
                 value = lp if self.cfg.logprobs_mode == "processed" else plp
                 choice = {"index": i, "logprobs": None, "finish_reason": None}
                 if chat:
                     choice["delta"] = {"content": delta}
-                    if req.logprobs:
+                    if wants_logprobs:
                         choice["logprobs"] = {"content": [self._chat_entry(token, value, req)]}
                 else:
                     choice["text"] = delta
-                    if req.logprobs is not None:
+                    if wants_logprobs:
                         choice["logprobs"] = {"tokens": [self._name(token, req)], "token_logprobs": [value],
                                               "top_logprobs": None, "text_offset": [sent_before]}
                 if req.return_token_ids:
