@@ -144,6 +144,23 @@ def test_openai_client_errors_name_the_field(oai, url):
     assert m["vllm:time_to_first_token_seconds_count"] > 0         # the streamed requests
 
 
+async def test_the_openai_policy_keeps_an_exact_token_log_across_turns(url):
+    """The eval/train path: OpenAIPolicy(token_ids=True) logs the server's ids turn after turn."""
+    from tryloop.agent.openai_policy import OpenAIPolicy
+    from tryloop.agent.trajectory import Observation
+
+    policy = OpenAIPolicy(f"{url}/v1", NAME, token_ids=True, max_tokens=60, temperature=0.7)
+    try:
+        s = policy.session("You are terse.", "Reply with the single word OK.", seed=3)
+        await s.act(None)
+        first = len(s.tokens.ids)
+        await s.act([Observation("none", "no tool call found", ok=False, truncated=False)])
+        assert s.tokens.source == "server" and len(s.tokens.ids) > first
+        assert 0 < sum(s.tokens.mask) <= 120 and len(s.tokens.logprobs) == len(s.tokens.ids)
+    finally:
+        await policy.aclose()
+
+
 async def test_sampling_options_and_n(url):
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         body = {"model": NAME, "messages": MESSAGES, "n": 2, "seed": 1,
