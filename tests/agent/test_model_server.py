@@ -172,6 +172,9 @@ async def test_sampling_options_and_n(url):
         text = (await http.post("/v1/completions", json={
             "prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0, "logprobs": 0})).json()
         assert text["object"] == "text_completion" and len(text["choices"][0]["logprobs"]["tokens"]) == 3
+        body = {"messages": MESSAGES, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+        r = (await http.post("/v1/chat/completions", json=body)).json()
+        assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 30
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "param"), [

@@ -15,8 +15,9 @@ Anything speaking the OpenAI protocol can use it (the `openai` client included);
   ids, the stop token included: the policy sampled it); streamed, each chunk's choice carries
   the ids of its tokens;
 - `"return_tokens_as_token_ids": true` writes each logprob entry's token as `"token_id:N"`;
-- `"stop_token_ids": [...]` adds stop tokens; `"include_stop_str_in_output": true` keeps a
-  matched stop string in the text.
+- `"stop_token_ids": [...]` adds stop tokens; `"ignore_eos": true` drops the model's own (the
+  generation runs to max_tokens unless another stop ends it); `"include_stop_str_in_output": true`
+  keeps a matched stop string in the text.
 
 Log-probabilities follow vLLM's `--logprobs-mode`: "raw" (default) reports the policy's
 log-probability at temperature 1; "processed" the one under the distribution actually sampled
@@ -100,6 +101,7 @@ class _Sampling(BaseModel):
     return_token_ids: bool | None = False
     return_tokens_as_token_ids: bool | None = False
     include_stop_str_in_output: bool | None = False
+    ignore_eos: bool | None = False
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -329,7 +331,8 @@ class _ModelServer:
         return dict(max_new_tokens=min(asked, room),
                     temperature=1.0 if req.temperature is None else req.temperature,
                     top_p=1.0 if req.top_p is None else req.top_p,
-                    stop_token_ids=sorted(self.engine.default_stop_ids | set(req.stop_token_ids or ())),
+                    stop_token_ids=sorted((set() if req.ignore_eos else self.engine.default_stop_ids)
+                                          | set(req.stop_token_ids or ())),
                     stop_strings=req.stop)
 
     async def _sample(self, request: Request, req: _Sampling, prompt: list[int],
