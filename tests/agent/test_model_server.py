@@ -304,3 +304,22 @@ async def test_the_engine_reports_each_token_before_its_result(engine):
     s = await engine.generate([1, 2, 3], max_new_tokens=5, temperature=0, stop_token_ids=[],
                               on_token=lambda t, lp, plp: seen.append((t, plp)))
     assert seen == list(zip(s.token_ids, s.policy_logprobs, strict=True)) and len(seen) == 5
+
+
+def test_a_reply_with_a_tool_call_ends_its_stream_with_the_parsed_call(engine, smollm2):
+    """The last chunk of a streamed choice carries the calls parsed from the whole reply."""
+    from tryloop.agent.engine import Sample
+    from tryloop.serve.model import _ChatRequest, _Decoder, _ModelServer
+
+    server = _ModelServer(engine, ServeModelConfig(access_log=None), NAME)
+    reply = 'Listing.\n<tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>'
+    ids = smollm2.tokenizer(reply).input_ids + [smollm2.tokenizer.eos_token_id]
+    sample = Sample(ids, [0.0] * len(ids), [0.0] * len(ids), "stop", ids[-1], 5, 0.1, 0.0, ("w",), 0)
+    req = _ChatRequest.model_validate({"messages": MESSAGES, "tools": [
+        {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]})
+    decoder = _Decoder(smollm2.tokenizer, {ids[-1]}, [])
+    streamed = "".join(decoder.push(t) for t in ids)
+    last = server._last_chunk(0, sample, decoder, req, chat=True)
+    assert streamed + last["delta"].get("content", "") == reply and last["finish_reason"] == "tool_calls"
+    (call,) = last["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"] == {"name": "shell", "arguments": '{"command": "ls"}'}
