@@ -104,12 +104,38 @@ class TasksConfig(_Model):
         return eval_share(source, self.eval_fraction, self.eval_fraction_by_source)
 
 
+class ExportConfig(_Model):
+    """`store.export`: what `tryloop export hf|verl|sft` selects and writes. Every flag sets one of these."""
+
+    run_id: str | None = Field(None, min_length=1, description="the run whose trajectories are exported; "
+                                                              "null: every run in the store")
+    steps: list[int] | None = Field(None, description="only these steps of the run(s); null: every step")
+    split: str = Field("train", pattern=r"^[A-Za-z0-9_.-]+$", description="hf, verl: the split the rows are "
+                                                                          "written as (train, test, ...)")
+    rows_per_shard: int = Field(10_000, ge=1, description="hf: rows per Parquet shard")
+    title: str = Field("tryloop trajectories", min_length=1, description="hf: the dataset card's title")
+    data_source: str = Field("tryloop", min_length=1, description="verl: the rows' data_source, which selects "
+                                                                  "verl's reward function")
+    ability: str = Field("agentic_coding", min_length=1, description="verl: the rows' ability (a category)")
+    agent_name: str | None = Field(None, min_length=1, description="verl: the agent loop that runs the rows in "
+                                                                   "multi-turn rollouts (e.g. tool_agent); "
+                                                                   "null: no agent_name column")
+    sft_name: str = Field("sft", pattern=r"^[A-Za-z0-9_.-]+$", description="sft: the files' name "
+                                                                           "(<name>.jsonl, <name>.parquet)")
+    sft_formats: list[Literal["jsonl", "parquet"]] = Field(["jsonl", "parquet"], min_length=1,
+                                                           description="sft: the formats written")
+    exclude_severities: list[str] = Field(["hack"], description="sft: a passing trajectory with a flag of "
+                                                                "one of these severities is left out")
+
+
 class StoreConfig(_Model):
     """Where runs keep what they produce."""
 
     trajectories_url: str = Field("/var/lib/tryloop/trajectories",
                                   description="Parquet trajectory store: local path or fsspec URL")
     runs_dir: Path = Field(Path("/var/lib/tryloop/runs"), description="run records, checkpoints and reports")
+    export: ExportConfig = Field(default_factory=ExportConfig,
+                                 description="what `tryloop export` selects and writes")
 
 
 # The parts' own sections. Imported here, after `_Model` exists, because they build on it;

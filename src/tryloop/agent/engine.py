@@ -74,6 +74,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -148,6 +149,7 @@ class _Request:
     future: asyncio.Future[Sample]
     submitted: float
     cancelled: bool = False               # set by the caller's task, read by the worker
+    on_token: Callable[[int, float, float], None] | None = None
 
 
 @dataclass(eq=False)
@@ -246,12 +248,17 @@ class Engine:
                        temperature: float = 1.0, top_p: float = 1.0,
                        stop_token_ids: list[int] | frozenset[int] | None = None,
                        stop_strings: list[str] | tuple[str, ...] = (),
-                       seed: int | None = None) -> Sample:
+                       seed: int | None = None,
+                       on_token: Callable[[int, float, float], None] | None = None) -> Sample:
         """Sample a continuation of `prompt_ids`.
 
         `stop_token_ids` defaults to the model's end-of-sequence ids; a stop token is
         included in `token_ids` (it is what the policy sampled). A stop string ends
         generation after the token that completes it; tokens are never trimmed.
+
+        `on_token(token_id, logprob, policy_logprob)`, if given, is called in the caller's
+        event loop for every token as it is sampled (streaming), all of them before this
+        returns.
         """
         if self._closed:
             raise EngineClosed("engine is closed")
@@ -268,7 +275,7 @@ class Engine:
             stop_strings=tuple(s for s in stop_strings if s),
             seed=secrets.randbits(63) if seed is None else seed)
         loop = asyncio.get_running_loop()
-        req = _Request(prompt, params, loop, loop.create_future(), time.perf_counter())
+        req = _Request(prompt, params, loop, loop.create_future(), time.perf_counter(), on_token=on_token)
         with self._lock:
             if self._closed:
                 raise EngineClosed("engine is closed")
@@ -491,6 +498,10 @@ class Engine:
     def _record(self, row: _Row, sampled: tuple[int, float, float]) -> None:
         """Append the token sampled for `row` (token, logprob, policy logprob); check for an end."""
         token, logprob, policy_logprob = sampled
+        if row.req.on_token is not None:
+            # Queued before the request's result (one FIFO), so every token comes before it.
+            with contextlib.suppress(RuntimeError):       # the caller's loop is closed
+                row.req.loop.call_soon_threadsafe(row.req.on_token, token, logprob, policy_logprob)
         row.tokens.append(token)
         row.logprobs.append(logprob)
         row.policy_logprobs.append(policy_logprob)

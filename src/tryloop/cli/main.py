@@ -56,6 +56,19 @@ def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfi
     return parse(TryloopConfig, data, source or "defaults")
 
 
+def field_help(dotted: str) -> str:
+    """A flag's help: the config field it sets, its description and its default."""
+    from typing import Any
+
+    model: Any = TryloopConfig
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        model = (model if isinstance(model, type) else type(model)).model_fields[name].default_factory()
+    field = (model if isinstance(model, type) else type(model)).model_fields[leaf]
+    default = getattr(model, leaf) if not isinstance(model, type) else field.get_default(call_default_factory=True)
+    return f"{dotted}: {field.description or ''} (default: {default})"
+
+
 #: Exit statuses besides each error class's `exit_code` (tryloop.errors).
 EXIT_INTERRUPTED = 130
 _debug = False
@@ -80,7 +93,18 @@ def run_cli(fn, *args, **kwargs):
 
 
 def _register() -> None:
-    from tryloop.cli import bench, demo, evaluate, image, reward, sandbox, serve, tasks, train
+    from tryloop.cli import (
+        bench,
+        demo,
+        evaluate,
+        export,
+        image,
+        reward,
+        sandbox,
+        serve,
+        tasks,
+        train,
+    )
 
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(image.app, name="image")
@@ -88,6 +112,7 @@ def _register() -> None:
     app.add_typer(reward.app, name="reward")
     app.add_typer(bench.app, name="bench")
     app.add_typer(serve.app, name="serve")
+    app.add_typer(export.app, name="export")
     app.command("demo")(demo.demo)
     app.command("eval")(evaluate.evaluate_cmd)
     app.command("train")(train.train_cmd)

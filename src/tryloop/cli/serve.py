@@ -1,31 +1,22 @@
-"""`tryloop serve env`: the task store's tasks as environments over HTTP and WebSocket."""
+"""`tryloop serve env`: the task store's tasks as environments over HTTP and WebSocket.
+`tryloop serve model`: the local model's OpenAI-compatible server."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, field_help, load_config, run_cli
 
 app = typer.Typer(help="Servers (see docs/serve.md).", no_args_is_help=True)
 
 
-def _help(dotted: str) -> str:
-    """A flag's help: the config field it sets, its description and its default."""
-    from tryloop.config import TryloopConfig
-
-    model: Any = TryloopConfig
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-        model = (model if isinstance(model, type) else type(model)).model_fields[name].default_factory()
-    field = (model if isinstance(model, type) else type(model)).model_fields[leaf]
-    default = getattr(model, leaf) if not isinstance(model, type) else field.get_default(call_default_factory=True)
-    return f"{dotted}: {field.description or ''} (default: {default})"
+_help = field_help
 
 
 def _serve(cfg) -> None:
-    from tryloop.serve.app import bearer_token
+    from tryloop.serve.asgi import bearer_token
     from tryloop.serve.server import serve, served_tasks
 
     scfg = cfg.serve.env
@@ -74,3 +65,51 @@ def serve_env(
         "serve.env.limits.max_turns": max_turns, "serve.env.limits.wall_time_s": wall_time,
         "tasks.store_url": store})
     run_cli(_serve, cfg)
+
+
+def _serve_model(cfg) -> None:
+    from tryloop.serve.model import serve_model
+
+    mcfg = cfg.serve.model
+
+    def ready(url: str, loaded) -> None:
+        auth = f"API key from ${mcfg.auth_token_env}" if mcfg.auth_token_env else "no auth"
+        console.print(f"[bold]serving {mcfg.served_name or mcfg.model}[/] ({loaded.weights_version}) at {url}/v1 "
+                      f"(OpenAI-compatible), {mcfg.max_batch} sequences per batch, {auth}; metrics at "
+                      f"{url}/metrics. Ctrl-C stops.")
+
+    serve_model(mcfg, on_ready=ready)
+
+
+@app.command("model")
+def serve_model_cmd(
+    model: Annotated[str | None, typer.Option("--model", help=_help("serve.model.model"))] = None,
+    served_name: Annotated[str | None, typer.Option("--served-name", help=_help("serve.model.served_name"))] = None,
+    host: Annotated[str | None, typer.Option("--host", help=_help("serve.model.host"))] = None,
+    port: Annotated[int | None, typer.Option("--port", help=_help("serve.model.port"))] = None,
+    device: Annotated[str | None, typer.Option("--device", help=_help("serve.model.device"))] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help=_help("serve.model.dtype"))] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help=_help("serve.model.max_batch"))] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help=_help("serve.model.threads"))] = None,
+    logprobs_mode: Annotated[str | None, typer.Option("--logprobs-mode",
+                                                      help=_help("serve.model.logprobs_mode"))] = None,
+    default_max_tokens: Annotated[int | None, typer.Option("--default-max-tokens",
+                                                           help=_help("serve.model.default_max_tokens"))] = None,
+    max_body_bytes: Annotated[int | None, typer.Option("--max-body-bytes",
+                                                       help=_help("serve.model.max_body_bytes"))] = None,
+    auth_token_env: Annotated[str | None, typer.Option("--auth-token-env",
+                                                       help=_help("serve.model.auth_token_env"))] = None,
+    access_log: Annotated[str | None, typer.Option("--access-log", help=_help("serve.model.access_log"))] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve the local model (the bundled one, a checkpoint or a hub id) over the OpenAI API:
+    chat and text completions, streaming, token ids and log-probabilities, Prometheus /metrics
+    (docs/serve.md)."""
+    cfg = run_cli(load_config, config, {
+        "serve.model.model": model, "serve.model.served_name": served_name, "serve.model.host": host,
+        "serve.model.port": port, "serve.model.device": device, "serve.model.dtype": dtype,
+        "serve.model.max_batch": max_batch, "serve.model.threads": threads,
+        "serve.model.logprobs_mode": logprobs_mode, "serve.model.default_max_tokens": default_max_tokens,
+        "serve.model.max_body_bytes": max_body_bytes, "serve.model.auth_token_env": auth_token_env,
+        "serve.model.access_log": access_log})
+    run_cli(_serve_model, cfg)

@@ -1,1 +1,2 @@
-"""Tasks as environments over the network (`tryloop serve env`); see docs/serve.md."""
+"""tryloop on the network: tasks as environments (`tryloop serve env`) and the local model over the
+OpenAI API (`tryloop serve model`); see docs/serve.md."""

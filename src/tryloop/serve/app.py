@@ -17,11 +17,7 @@ A WebSocket client that loses its connection may come back within `disconnect_gr
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
-import logging
-import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,70 +27,19 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tryloop.agent.environments import Environments
 from tryloop.config import TryloopConfig
-from tryloop.errors import ConfigError
 from tryloop.sandbox import SandboxRuntime
 from tryloop.serve import protocol as p
+from tryloop.serve.asgi import AccessLog, BodyTooLarge, access_logger, bearer_token, read_body
+from tryloop.serve.asgi import authorized as _authorized
 from tryloop.serve.sessions import Session, SessionManager
 from tryloop.tasks.model import Task
 
 # WebSocket close codes (RFC 6455): a refused token is a policy violation.
 WS_POLICY_VIOLATION = 1008
-
-
-def bearer_token(cfg_env: str | None) -> str | None:
-    """The token clients must present, read from the variable `serve.env.auth_token_env` names."""
-    if cfg_env is None:
-        return None
-    token = os.environ.get(cfg_env, "")
-    if not token:
-        raise ConfigError(f"serve.env.auth_token_env: the environment variable {cfg_env} is unset or empty")
-    return token
-
-
-def access_logger(dest: str | None) -> logging.Logger:
-    """One JSON object per line, to stderr ('-') or a file; a logger without handlers when off."""
-    # A logger of this server's own (not in logging's registry): its file is closed at shutdown.
-    log = logging.Logger("tryloop.serve.access", logging.INFO)
-    log.propagate = False
-    if dest is not None:
-        handler = logging.StreamHandler(sys.stderr) if dest == "-" else logging.FileHandler(dest)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-    else:
-        log.disabled = True
-    return log
-
-
-class _AccessLog:
-    """ASGI middleware: one record per HTTP request (WebSocket messages are logged by the handler)."""
-
-    def __init__(self, app: ASGIApp, log: logging.Logger):
-        self.app, self.log = app, log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.log.disabled:
-            await self.app(scope, receive, send)
-            return
-        t0, status = time.perf_counter(), 500
-
-        async def send_status(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            client = scope.get("client") or ("", 0)
-            self.log.info(json.dumps({"ts": round(time.time(), 3), "kind": "http", "method": scope["method"],
-                                      "path": scope["path"], "status": status, "client": client[0],
-                                      "ms": round((time.perf_counter() - t0) * 1000, 2)}))
 
 
 def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
@@ -132,10 +77,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         return state["mgr"]
 
     def authorized(headers: Any) -> bool:
-        if token is None:
-            return True
-        scheme, _, given = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+        return _authorized(headers, token)
 
     def error(e: p.ProtocolError) -> JSONResponse:
         headers = {"Retry-After": "1"} if e.code == p.CAPACITY_REACHED else None
@@ -144,16 +86,12 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
     async def body(request: Request) -> Any:
         """The JSON body, read no further than max_message_bytes."""
         limit = scfg.max_message_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise p.ProtocolError(p.VALIDATION_ERROR, f"body: {declared} bytes is over serve.env.max_message_bytes "
-                                  f"({limit})", status=413)
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                raise p.ProtocolError(p.VALIDATION_ERROR, f"body: over serve.env.max_message_bytes ({limit})",
-                                      status=413)
+        try:
+            raw = await read_body(request, limit)
+        except BodyTooLarge as e:
+            size = f"{e.declared} bytes is over" if e.declared is not None else "over"
+            raise p.ProtocolError(p.VALIDATION_ERROR, f"body: {size} serve.env.max_message_bytes ({limit})",
+                                  status=413) from None
         if not raw:
             return {}
         try:
@@ -316,6 +254,6 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         WebSocketRoute("/ws", ws),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
-    app.add_middleware(_AccessLog, log=log)
+    app.add_middleware(AccessLog, log=log)
     return app
 

@@ -41,7 +41,37 @@ class ServeEnvConfig(_Model):
                                               "limit), shell_timeout_s, output_chars")
 
 
+class ServeModelConfig(_Model):
+    """`serve.model`: the local model's OpenAI-compatible server. Every `tryloop serve model` flag sets
+    one of these."""
+
+    model: str = Field("smollm2-135m", min_length=1, description="the model: the bundled smollm2-135m, a "
+                                                                 "local checkpoint directory or a hub id")
+    served_name: str | None = Field(None, min_length=1, description="the name clients ask for (the request's "
+                                                                    "`model`); null: the model's name")
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port, reported at start)")
+    device: str = Field("auto", description="auto | cpu | cuda")
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="the engine's dtype; float32 gives the log-probabilities a float32 learner "
+                               "recomputes, bfloat16 is faster (auto: bfloat16 where the device has fast bf16)")
+    max_batch: int = Field(16, ge=1, description="sequences decoded together (continuous batching)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null: torch's default")
+    logprobs_mode: Literal["raw", "processed"] = Field(
+        "raw", description="raw: log-probabilities of the policy at temperature 1 (as vLLM's default); "
+                           "processed: under the distribution sampled from (temperature, top-p)")
+    default_max_tokens: int = Field(512, ge=1, description="tokens sampled when a request sets no max_tokens "
+                                                           "(always capped by the context length)")
+    max_body_bytes: int = Field(32 << 20, ge=1024, description="largest request body accepted (larger: 413)")
+    auth_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                       description="environment variable holding the API key every /v1 "
+                                                   "request must carry as a bearer token; null: no auth")
+    access_log: str | None = Field("-", description="structured access log, one JSON object per request: a "
+                                                    "file path, '-' for stderr, null: off")
+
+
 class ServeConfig(_Model):
     """`serve:` in the YAML file."""
 
     env: ServeEnvConfig = Field(default_factory=ServeEnvConfig)
+    model: ServeModelConfig = Field(default_factory=ServeModelConfig)

@@ -4,16 +4,14 @@ background thread (tests and `tryloop bench serve`, whose clients run in the cal
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import uvicorn
 
 from tryloop.config import TryloopConfig
-from tryloop.errors import ConfigError, TryloopError
+from tryloop.errors import TryloopError
 from tryloop.serve.app import create_app
+from tryloop.serve.asgi import run_server, server_in_thread
 from tryloop.tasks.model import Task
 
 
@@ -42,57 +40,14 @@ def _server(cfg: TryloopConfig, tasks: list[Task]) -> uvicorn.Server:
                                          ws_ping_timeout=20.0, timeout_graceful_shutdown=5))
 
 
-def _url(server: uvicorn.Server) -> str:
-    sock = server.servers[0].sockets[0]
-    host, port = sock.getsockname()[:2]
-    return f"http://{host}:{port}"
-
-
 def serve(cfg: TryloopConfig, tasks: list[Task], *, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM: open episodes are closed, sandboxes released)."""
-    import asyncio
-
-    server = _server(cfg, tasks)
-
-    async def main() -> None:
-        task = asyncio.ensure_future(server.serve())
-        while not server.started:
-            if task.done():
-                break
-            await asyncio.sleep(0.05)
-        if server.started and on_ready is not None:
-            on_ready(_url(server))
-        await task
-
-    try:
-        asyncio.run(main())
-    except OSError as e:
-        raise ConfigError(f"serve.env.port: cannot listen on {cfg.serve.env.host}:{cfg.serve.env.port}: {e}") from None
-    # uvicorn re-raises a captured Ctrl-C after its graceful shutdown, but into asyncio.run's own
-    # SIGINT handler, which loses it when the main task has already finished: say it ourselves, so
-    # that Ctrl-C always ends with its documented status.
-    if signal.SIGINT in getattr(server, "_captured_signals", ()):
-        raise KeyboardInterrupt
-    if not server.started:
-        raise ConfigError(f"serve.env.port: cannot listen on {cfg.serve.env.host}:{cfg.serve.env.port}")
+    run_server(_server(cfg, tasks), setting="serve.env.port", on_ready=on_ready)
 
 
 @contextlib.contextmanager
 def serve_in_thread(cfg: TryloopConfig, tasks: list[Task], *, timeout_s: float = 60.0) -> Iterator[str]:
     """The server in a background thread for the block; yields its base URL. On exit it shuts down
     and every sandbox it made is closed."""
-    server = _server(cfg, tasks)
-    thread = threading.Thread(target=server.run, name="tryloop-serve-env", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            thread.join(10)
-            raise TryloopError(f"the environment server did not start on {cfg.serve.env.host}:{cfg.serve.env.port}")
-        time.sleep(0.02)
-    try:
-        yield _url(server)
-    finally:
-        server.should_exit = True
-        thread.join(60)
+    with server_in_thread(_server(cfg, tasks), what="environment", timeout_s=timeout_s) as url:
+        yield url

@@ -6,7 +6,9 @@ The store keeps data exact and findable; it never interprets it (docs/architectu
 
 from tryloop.store.exports import (
     Export,
+    ExportInputMissing,
     chat_messages,
+    existing_store,
     export_hf,
     export_sft,
     export_verl,
@@ -16,6 +18,6 @@ from tryloop.store.schema import FILE_SCHEMA, SCHEMA, SCHEMA_VERSION, SchemaErro
 from tryloop.store.trajectories import Part, TrajectoryStore
 
 __all__ = [
-    "FILE_SCHEMA", "SCHEMA", "SCHEMA_VERSION", "Export", "Part", "SchemaError", "TrajectoryStore",
-    "chat_messages", "export_hf", "export_sft", "export_verl", "successful",
+    "FILE_SCHEMA", "SCHEMA", "SCHEMA_VERSION", "Export", "ExportInputMissing", "Part", "SchemaError",
+    "TrajectoryStore", "chat_messages", "existing_store", "export_hf", "export_sft", "export_verl", "successful",
 ]

@@ -34,6 +34,36 @@ from tryloop.store.trajectories import Steps, TrajectoryStore
 Source = TrajectoryStore | Iterable[Trajectory]
 
 
+class ExportInputMissing(TryloopError):
+    """The trajectory store, run or steps an export names do not exist; the message names them."""
+
+    exit_code = 66  # sysexits.h EX_NOINPUT
+
+
+def existing_store(url: str | Path, *, run_id: str | None = None, steps: Sequence[int] | None = None,
+                   setting: str = "store.trajectories_url") -> TrajectoryStore:
+    """The trajectory store at `url`, checked to hold `run_id` and `steps` when given; never
+    creates one (opening a `TrajectoryStore` would)."""
+    fs, base = fsspec.core.url_to_fs(str(url))
+    if not fs.isdir(base.rstrip("/") or "/"):
+        raise ExportInputMissing(f"{setting}: no trajectory store at {url} (`tryloop eval` and `tryloop train` "
+                                 "write one)")
+    store = TrajectoryStore(url)
+    runs = store.runs()
+    if run_id is not None and run_id not in runs:
+        shown = ", ".join(runs[:20]) + (" ..." if len(runs) > 20 else "")
+        raise ExportInputMissing(f"no run {run_id!r} in the trajectory store at {url}; runs there: "
+                                 f"{shown or 'none'}")
+    if steps:
+        present = {p.step for p in store.parts(run_id)}
+        missing = sorted(set(steps) - present)
+        if missing:
+            where = f"run {run_id!r}" if run_id is not None else f"the trajectory store at {url}"
+            raise ExportInputMissing(f"no step {', '.join(map(str, missing))} in {where}; steps there: "
+                                     f"{', '.join(map(str, sorted(present))) or 'none'}")
+    return store
+
+
 @dataclass(frozen=True)
 class Export:
     path: str                    # the directory (hf, sft) or file (verl) written
