@@ -125,8 +125,12 @@ class Judge:
         return list(self.call(_all()))
 
     def close(self) -> None:
-        """Close every sandbox and stop the loop."""
+        """End the episodes still open (a multi-turn environment's), close every sandbox, stop the loop."""
         async def _close():
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             await self.envs.close()
             await self.envs.runtime.close_all()
         self.call(_close())
