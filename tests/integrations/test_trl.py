@@ -180,6 +180,23 @@ def test_one_grpo_step_on_the_bundled_model_is_paid_by_the_verifier(world, bundl
     assert changed, "the optimizer step changed no parameter"
 
 
+def test_trl_reads_tryloops_tool_calls_with_the_tool_template(bundled):
+    """The prompt teaches tryloop's `<tool_call>` JSON; TRL's parser for the template
+    `tool_chat_template` gives the bundled model reads it, with or without newlines."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, supports_tool_calling
+
+    plain = AutoTokenizer.from_pretrained(bundled.path)
+    assert not supports_tool_calling(plain)
+    tok = add_response_schema(tool_chat_template(plain))
+    assert supports_tool_calling(tok)
+    for text in ['<tool_call>{"name": "write", "arguments": {"path": "a.py", "content": "x"}}</tool_call>',
+                 '<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call>']:
+        ids = tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        calls = tok.parse_response(ids, prefix="")["tool_calls"]
+        assert [c["function"]["name"] for c in calls] in (["write"], ["shell"])
+
+
 @pytest.mark.slow
 def test_one_grpo_step_with_tryloop_environments(world, bundled, verdicts, one_thread, tmp_path):
     """`environment_factory=TryloopEnv`: TRL renders the environment's tools into the prompt, runs the
