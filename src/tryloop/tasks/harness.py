@@ -375,7 +375,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
     # What pytest itself changes while it runs (its legacy-path and warning bookkeeping, the
     # assertion helpers' per-test globals): names that may change after the seal; "*" for all.
     MODULE_ALLOW = {"*": {"__warningregistry__"}, "pytest": {"xfail"},
-                    "_pytest.assertion.util": {"_reprcompare", "_assertion_pass", "_config"}}
+                    "_pytest.assertion.util": {"_reprcompare", "_assertion_pass", "_config"},
+                    "_pytest.doctest": {"RUNNER_CLASS", "CHECKER_CLASS"}}
     CLASS_ALLOW = {"*": {"_pytest_diamond_inheritance_warning_shown"},
                    "_pytest.cacheprovider.Cache": {"makedir"}, "_pytest.fixtures.FixtureRequest": {"fspath"},
                    "_pytest.terminal.TerminalReporter": {"startdir"}, "_pytest.main.Session": {"startdir"},
@@ -389,8 +390,10 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
              "session": ("config", "items", "_setupstate", "_fixturemanager"),
              "config": ("pluginmanager", "hook", "option", "stash", "invocation_params")}
     # A test item's own attributes all stay, except these (per-test fixture state, cached
-    # properties, unittest's per-test instance); `_obj` may only be rebound to the same function.
-    ITEM_ALLOW = {"funcargs", "_request", "location", "_testcase", "_explicit_tearDown", "_obj"}
+    # properties, a test class's per-test instance): `_obj` may only be rebound to the same
+    # function, `_instance` and `_testcase` only to an instance of the item's own test class.
+    # Plugins may add attributes (pytest-asyncio does), none over a method.
+    ITEM_ALLOW = {"funcargs", "_request", "location", "_explicit_tearDown", "_obj", "_instance", "_testcase"}
     state = {}
     seen = set()
     slot_cache = {}
@@ -427,12 +430,16 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
                 out[n] = MISSING
         return t, out
 
-    def same(label, before, now, allow=()):
-        # What differs between two `attrs` snapshots (identity of every value).
+    def same(label, before, now, allow=(), grow=False):
+        # What differs between two `attrs` snapshots (identity of every value); with `grow`, new
+        # attributes are allowed unless they stand over a method of the class.
         if before[0] is not now[0]:
             return [label + ".__class__"]
         b, n = before[1], now[1]
         out = ["%s.%s" % (label, k) for k, v in b.items() if k not in allow and n.get(k, MISSING) is not v]
+        if grow:
+            return out + ["%s.%s (added over a method)" % (label, k) for k in n
+                          if k not in b and shadows(now[0], k)]
         return out + ["%s.%s (added)" % (label, k) for k in n if k not in b and k not in allow]
 
     def shadows(t, name):
@@ -452,13 +459,17 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
     def func_of(v):
         return v.__func__ if type_(v) is MethodType else v
 
-    def item_changes(label, before, now):
-        out = same(label, before, now, ITEM_ALLOW)
-        out += ["%s.%s (added over a method)" % (label, k) for k in ITEM_ALLOW
-                if k not in before[1] and k in now[1] and shadows(now[0], k)]
+    def item_changes(label, item, before, now):
+        out = same(label, before, now, ITEM_ALLOW, grow=True)
         b, n = before[1].get("_obj", MISSING), now[1].get("_obj", MISSING)
         if not (n is b or n is None or b is None or b is MISSING or func_of(n) is func_of(b)):
             out.append(label + "._obj")
+        for k in ("_instance", "_testcase"):
+            n = now[1].get(k, MISSING)
+            if n is not MISSING and n is not None and n is not before[1].get(k, MISSING):
+                cls = getattr_(item, "cls", None)
+                if cls is None or type_(n) is not cls:
+                    out.append("%s.%s" % (label, k))
         return out
 
     # ---- pytest's and pluggy's modules and classes ------------------------------------------
@@ -621,7 +632,7 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
                 out.append("session.items")
             which = range(len_(items)) if full else [index[nodeid]] if nodeid in index else []
             for i in which:
-                out += item_changes("item %s" % (before[i][1].get("name"),), before[i], attrs(items[i]))
+                out += item_changes("item %s" % (before[i][1].get("name"),), items[i], before[i], attrs(items[i]))
         return out
 
     def check_stack(f, what):
