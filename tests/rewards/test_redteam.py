@@ -138,7 +138,7 @@ async def test_known_residuals_still_pay(runtime, attack):
 # pytest's module functions and classes, collected items, the harness's own events), each with
 # names no static reading resolves: only the runtime integrity check stands in their way.
 JUDGE_ATTACKS = ["config_reach_hidden", "plugin_register", "runner_swap", "callinfo_swap", "report_class_swap",
-                 "hookimpl_drop", "hookexec_swap", "item_swap", "event_forge"]
+                 "hookimpl_drop", "hookexec_swap", "item_swap", "event_forge", "thread_forge"]
 
 
 def test_judge_attacks_are_invisible_to_the_static_detectors(tasks):

@@ -635,11 +635,28 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
                 out += item_changes("item %s" % (before[i][1].get("name"),), items[i], before[i], attrs(items[i]))
         return out
 
-    def check_stack(f, what):
+    def genuine(f, what):
+        # Called by pytest in the harness's run: the frames below reach the harness's own `_main`
+        # (no other thread, no exit handler, no function rebuilt from the plugin's code) with no
+        # frame of the agent's files among them. Otherwise the event is tampering and ignored.
         while f is not None:
+            if f is state["main"]:
+                return True
             if kind_of(f.f_code.co_filename) == "agent":
-                return tamper("%s ran with a frame of the agent's files on the stack (%s)" % (what, f.f_code.co_name), f)
+                tamper("%s ran with a frame of the agent's files on the stack (%s)" % (what, f.f_code.co_name), f)
+                return False
             f = f.f_back
+        tamper("%s was called outside the harness's pytest run" % what)
+        return False
+
+    def running(f, nodeid):
+        # The report belongs to the item pytest's runner is running now.
+        while f is not None:
+            if f.f_code is state["runner"]:
+                item = f.f_locals.get("item")
+                return getattr_(item, "nodeid", None) == nodeid
+            f = f.f_back
+        return False
 
     def report(problems):
         if problems:
@@ -653,7 +670,15 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
                 return tamper("the harness's seal event was raised again", caller)
             plugin = args[0]
             state["codes"] = {n: vars_(type_(plugin))[n].__code__ for n in EVENTS.values()}
+            state["main"] = caller  # the harness's `_main`: every genuine event runs above this frame
             seal_modules()
+            state["runner"] = vars_(modules["_pytest.runner"])["call_and_report"].__code__
+            return
+        if event == "tryloop.exit":  # pytest.main returned to the harness: the session's end
+            if caller is not state.get("main"):
+                return tamper("the harness's event %s was raised by other code" % event, caller)
+            if "finish" in state:
+                send("finish", *state.pop("finish"))
             return
         codes = state.get("codes")
         expected = EVENTS.get(event)
@@ -663,7 +688,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             while f is not None and kind_of(f.f_code.co_filename) != "agent":
                 f = f.f_back
             return tamper("the harness's event %s was raised by other code" % event, f if f is not None else caller)
-        check_stack(caller.f_back, expected)
+        if not genuine(caller.f_back, expected):
+            return
         if event == "tryloop.registered":
             plugin, pm = args
             if "pm" not in state:  # our own registration: nothing of the workspace has run yet
@@ -720,6 +746,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             outcome = outcome_of(rep)
             if outcome is not None:
                 report(check_run(rep.nodeid))
+                if not running(caller, rep.nodeid):
+                    return tamper("a report of %s outside pytest's run of that test" % (rep.nodeid,))
                 send("test", rep.nodeid, outcome)
         elif event == "tryloop.collectreport":
             rep = args[0]
@@ -729,7 +757,9 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
         elif event == "tryloop.finish":
             session, exitstatus = args
             report(check_run(full=True))
-            send("finish", int_(exitstatus), int_(getattr_(session, "testscollected", 0)))
+            # Sent once pytest.main has returned to the harness (`tryloop.exit`): a session that
+            # is made to end early (os._exit in a later hook, say) has no finish record.
+            state["finish"] = (int_(exitstatus), int_(getattr_(session, "testscollected", 0)))
 
     return judge_event
 
@@ -746,12 +776,13 @@ def _main():
 
     # The seal: the harness's plugin and every module of pytest and pluggy as they are now, before
     # any workspace code exists; the audit hook checks them against this at each record.
-    plugin = _plugin()
-    sys.audit("tryloop.seal", plugin)
+    audit, plugin = sys.audit, _plugin()
+    audit("tryloop.seal", plugin)
     # What `python -m pytest` does (the working directory first on sys.path), but only now that
     # pytest itself is imported: a workspace module cannot stand in for the test framework.
     sys.path.insert(0, os.getcwd())
     code = pytest.main(args, plugins=[plugin])
+    audit("tryloop.exit")
     sys.exit(int(code))
 ''' + OUTCOME_SOURCE + r'''
 
