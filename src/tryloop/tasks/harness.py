@@ -661,7 +661,10 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
         return False
 
     def running(f, nodeid):
-        # The report belongs to the item pytest's runner is running now.
+        # The report belongs to the item pytest's runner is running now (where this pytest has
+        # the runner function this check knows).
+        if state.get("runner") is None:
+            return True
         while f is not None:
             if f.f_code is state["runner"]:
                 item = f.f_locals.get("item")
@@ -683,7 +686,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             state["codes"] = {n: vars_(type_(plugin))[n].__code__ for n in EVENTS.values()}
             state["main"] = caller  # the harness's `_main`: every genuine event runs above this frame
             seal_modules()
-            state["runner"] = vars_(modules["_pytest.runner"])["call_and_report"].__code__
+            runner = vars_(modules.get("_pytest.runner") or types).get("call_and_report")
+            state["runner"] = runner.__code__ if type_(runner) is FunctionType else None
             return
         if event == "tryloop.exit":  # pytest.main returned to the harness: the session's end
             if caller is not state.get("main"):
