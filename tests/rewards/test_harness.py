@@ -157,3 +157,96 @@ def test_records_not_signed_by_the_supervisor_are_forged():
     key = b"k" * 64
     run = parse_records(b'00 {"kind": "finish", "seq": 1}\n', key)
     assert run.forged == 1 and not run.finished
+
+
+# Hidden tests that use much of pytest: test classes, unittest, parametrization, fixtures that
+# patch, capture and record, markers added at run time, xfail and skip, doctests, async tests
+# (pytest-asyncio adds its own attributes to items) and inner pytest runs (pytester changes
+# pytest's module state and restores sys.modules). None of it is the code under test's doing.
+_PYTEST_FEATURES = {
+    "tests/conftest.py": 'pytest_plugins = ["pytester"]\n\n\ndef pytest_configure(config):\n'
+                         '    config.addinivalue_line("markers", "slowish: a marker")\n',
+    "tests/test_kinds.py": '''
+import asyncio
+import sys
+import unittest
+import warnings
+
+import pytest
+
+from calc import add
+
+
+class TestClass:
+    def test_method(self):
+        assert add(1, 2) == 3
+
+    @pytest.mark.parametrize("x", [1, 2])
+    def test_param(self, x, capsys):
+        print("hi")
+        assert capsys.readouterr().out == "hi\\n" and add(x, 0) == x
+
+
+class TestUnit(unittest.TestCase):
+    def setUp(self):
+        self.v = 1
+
+    def test_u(self):
+        self.assertEqual(add(self.v, 1), 2)
+
+
+@pytest.fixture
+def thing(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["x"])
+    return tmp_path
+
+
+def test_fixture(thing, request, record_property):
+    request.node.add_marker("slowish")
+    record_property("k", 1)
+    warnings.warn("careful", UserWarning)
+    assert thing.exists()
+
+
+@pytest.mark.xfail(reason="known")
+def test_xfail():
+    assert add(1, 1) == 3
+
+
+@pytest.mark.skip(reason="no")
+def test_skip():
+    pass
+
+
+@pytest.mark.asyncio
+async def test_async():
+    await asyncio.sleep(0)
+    assert add(1, 1) == 2
+
+
+def test_inner_run(pytester):
+    pytester.makepyfile(m='def f():\\n    """\\n    >>> 1 + 1\\n    2\\n    """\\n',
+                        test_m="def test_a():\\n    assert 1\\n\\n\\ndef test_b():\\n    assert 0\\n")
+    pytester.runpytest("--doctest-modules").assert_outcomes(passed=2, failed=1)
+
+
+def helper():
+    """
+    >>> add(2, 3)
+    5
+    """
+''',
+}
+
+
+async def test_ordinary_pytest_use_is_not_judge_tampering(runtime, tmp_path):
+    from tryloop.tasks.model import TaskMeta
+
+    meta = TaskMeta(id="unit/pytest-features", family="unit", project="unit", source="local",
+                    test_command="python3 -m pytest -q --doctest-modules tests")
+    task = Task.create(tmp_path / "t", meta, "Fix add.", workspace={"calc/__init__.py": "def add(a, b):\n    return a - b\n"},
+                       tests=_PYTEST_FEATURES, solution={"calc/__init__.py": "def add(a, b):\n    return a + b\n"})
+    v = await verify(runtime, task, Submission.from_files({"calc/__init__.py": "def add(a, b):\n    return a + b\n"}))
+    assert v.state == "pass", (v.reason, v.flags, v.outcomes)
+    assert not [f for f in v.flags if f.severity == "hack"], v.flags
+    assert v.outcomes["tests/test_kinds.py::test_xfail"] == "xfailed"

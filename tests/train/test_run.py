@@ -76,6 +76,13 @@ def weights_digest(run_dir: Path) -> str:
     return h.hexdigest()
 
 
+def learner_steps(run_dir: Path) -> int:
+    """The optimizer steps the learner had taken when its latest checkpoint was written."""
+    import torch
+
+    return int(torch.load(checkpoint.latest(run_dir) / "learner.pt", weights_only=False)["optimizer_steps"])
+
+
 def test_curriculum_prefers_the_learning_zone_and_round_trips():
     c = Curriculum(["a", "b", "c", "d"], window=4, explore=0.25, seed=1)
     for fp, results in {"a": [1, 0], "b": [0, 0], "c": [1, 1]}.items():
@@ -167,6 +174,15 @@ def test_resume_after_sigkill_continues_like_an_uninterrupted_run(train_root, tm
     subprocess.run([py, str(script), str(cfg_a), "-1"], check=True, timeout=900)
     killed = subprocess.run([py, str(script), str(cfg_b), "1"], timeout=900)
     assert killed.returncode == -signal.SIGKILL
+    # The kill came after step 1 was checkpointed, and by then the learner had taken optimizer
+    # steps: a resume has an update to continue from (weights equal because nothing changed
+    # would prove nothing).
+    run_b = train_root / "runs" / "b"
+    before_kill = checkpoint.latest(run_b)
+    assert before_kill is not None and before_kill.name == "step-000001"
+    steps_before_kill = learner_steps(run_b)
+    assert steps_before_kill >= 1
+    digest_before_kill = weights_digest(run_b)
     subprocess.run([py, str(script), str(cfg_b), "-1", "--resume"], check=True, timeout=900)
     store = TrajectoryStore(str(train_root / "traj"))
     a = {t.episode_id.split(":", 1)[1]: t for t in store.read(run_id="a")}
@@ -179,6 +195,14 @@ def test_resume_after_sigkill_continues_like_an_uninterrupted_run(train_root, tm
     mb = [json.loads(x) for x in (train_root / "runs" / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in mb] == [0, 1, 2]
     assert [m.get("learn_loss") for m in ma] == [m.get("learn_loss") for m in mb]   # None: no group had signal
+    # The resumed run started from the checkpoint of step 1: its learner's optimizer steps are
+    # those of the checkpoint plus step 2's own, as in the run that was never interrupted.
+    assert checkpoint.latest(run_b).name == "step-000002"
+    assert sum(m.get("learn_optimizer_steps", 0) for m in mb[:2]) == steps_before_kill
+    assert learner_steps(run_b) == steps_before_kill + mb[2].get("learn_optimizer_steps", 0)
+    assert learner_steps(run_b) == learner_steps(train_root / "runs" / "a")
+    if mb[2].get("learn_optimizer_steps", 0):
+        assert weights_digest(run_b) != digest_before_kill   # step 2 updated the resumed weights
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,11 @@
    reads, frame and heap introspection, code rewrites, native access, built
    code, attributed to the agent's files) to a pipe; the supervisor signs them.
    A record not signed by the supervisor is forged; a replaced channel ends the
-   run. Signed records are as true as the test process: code under test that
-   lies to pytest without an audited operation is left to the static
-   detectors (docs/rewards.md, "What is guaranteed, and what is not").
+   run. Signed records are as true as the test process: the audit hook records
+   an outcome only from pytest's own run and after checking pytest's and
+   pluggy's moving parts against a seal taken before any workspace code ran
+   (a change is `judge_tamper` evidence); what the seal does not cover is left
+   to the static detectors (docs/rewards.md, "What is guaranteed, and what is not").
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
