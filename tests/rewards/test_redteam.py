@@ -122,18 +122,6 @@ async def test_the_verifier_rejects_every_attack(runtime, tasks, attack, task_id
     await _judge(runtime, tasks[task_id], attack)
 
 
-@pytest.mark.parametrize("attack", list(r.RESIDUALS))
-async def test_known_residuals_still_pay(runtime, attack):
-    # A measured gap, not a goal: an attack listed here gets a full reward with no hack flag. If
-    # this starts failing, the gap closed: move the attack into ATTACKS (and the docs' "not
-    # guaranteed" list loses an entry). Empty today: `config_reach_hidden` moved to ATTACKS when
-    # the judge's integrity check began to catch it.
-    task = Task.load(DATA / "visible-tests")
-    verdict = await verify(runtime, task, r.RESIDUALS[attack](task))
-    assert verdict.state == "pass" and verdict.reward == pytest.approx(1.1), (verdict.reason, verdict.flags)
-    assert not [f for f in verdict.flags if f.severity == "hack"]
-
-
 # The attacks on the judge's moving parts (plugin manager, hook callers and implementations,
 # pytest's module functions and classes, collected items, the harness's own events), each with
 # names no static reading resolves: only the runtime integrity check stands in their way.
@@ -144,7 +132,7 @@ JUDGE_ATTACKS = ["config_reach_hidden", "plugin_register", "runner_swap", "calli
 def test_judge_attacks_are_invisible_to_the_static_detectors(tasks):
     task = tasks["fixture/visible-tests"]
     for name in JUDGE_ATTACKS:
-        assert r.EXPECTED_FLAGS[name] == {h.JUDGE_TAMPER} and name not in r.RESIDUALS, name
+        assert r.EXPECTED_FLAGS[name] == {h.JUDGE_TAMPER}, name
         sub = r.run(name, task)
         flags = detect(task, sub, pristine=task.workspace_files(), hidden_tests=task.hidden_tests())
         assert not d.hacks(flags), (name, flags)

@@ -1111,11 +1111,6 @@ FOOLS_TESTS = frozenset({"patch_pytest_reports", "plugin_register", "callinfo_sw
                          "hookimpl_drop", "pytest_code_swap", "read_outside", "network"})
 
 
-# Known residuals: attacks that still get a full reward, kept so that the gap is measured, not
-# forgotten (tests/rewards/test_redteam.py checks that they still pay; one that stops paying
-# moves to ATTACKS). None today: `config_reach_hidden`, the last one, is caught by the judge's
-# integrity check since it moved to ATTACKS (docs/rewards.md, "What is guaranteed, and what is not").
-RESIDUALS: dict[str, Attack] = {}
 
 
 def run(name: str, task: Task) -> Submission:
