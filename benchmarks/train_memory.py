@@ -1,0 +1,99 @@
+"""Peak memory of the whole train process, step by step: the train loop as it is, side by side with
+the loop without its update-memory measures (the engine's prefix cache kept through the update,
+no lean heap, the engine loading a full copy of the exported weights).
+
+    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--out FILE]
+
+`--config` names a tryloop config whose task store holds a suite (`tryloop tasks build-default`),
+with the learning zone of the default model measured in it (the first `tryloop train` there, or
+`tryloop tasks zone`): each configuration runs `tryloop train`'s loop for `--steps` steps with the
+default settings in a fresh process (peak RSS is a per-process high-water mark), both at once so
+load on the machine hits both alike, and reads the per-step `peak_rss_mb` and update time the run
+records. The reward version's regression gate is not required: no reward here is a result.
+Writes results-train-memory.json beside this file (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = ("train_loop", "without_memory_measures")
+
+
+def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
+    """One configuration, in this process: the per-step rows of its run."""
+    import asyncio
+    import contextlib
+
+    import tryloop.cli.main  # noqa: F401  (the CLI's import order)
+    import tryloop.train.run as run
+    from tryloop.agent.engine import Engine
+    from tryloop.config import load_yaml
+    from tryloop.train import memory
+    from tryloop.train.run_config import TrainRunConfig
+
+    run.require_approved = lambda *a, **k: None
+    if name == "without_memory_measures":
+        import torch
+
+        memory.lean_heap = contextlib.nullcontext
+        update = Engine.update_weights
+
+        async def keep_prefixes(self: Engine) -> None:
+            return None
+
+        async def from_a_copy(self: Engine, weights, *, version=None):   # as the loop exported them before
+            if isinstance(weights, torch.nn.Module):
+                weights = {k: v.detach().to("cpu", copy=True) for k, v in weights.state_dict().items()}
+            return await update(self, weights, version=version)
+
+        Engine.drop_prefix_cache = keep_prefixes
+        Engine.update_weights = from_a_copy
+    cfg = load_yaml(config)
+    cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})
+    run_id = f"memory-{name}-{int(time.time())}"
+    tcfg = TrainRunConfig(run_id=run_id, steps=steps + 1, eval_at_start=False, check_source=None)
+    result = asyncio.run(run.train(cfg, tcfg, stop_after_step=steps - 1))
+    return [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
+            for row in result.metrics]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE / "results-train-memory.json")
+    ap.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)
+    ap.add_argument("--runs-dir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir)))
+        return
+    with tempfile.TemporaryDirectory(prefix="tryloop-train-memory-") as runs_dir:
+        procs = {name: subprocess.Popen([sys.executable, __file__, "--one", name, "--config", str(args.config),
+                                         "--steps", str(args.steps), "--runs-dir", runs_dir],
+                                        stdout=subprocess.PIPE, text=True) for name in CONFIGS}
+        rows = {}
+        for name, p in procs.items():
+            out, _ = p.communicate()
+            if p.returncode:
+                raise SystemExit(f"{name}: exit {p.returncode}")
+            rows[name] = json.loads(out.strip().splitlines()[-1])
+    result = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps,
+              **{name: {"peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs), "steps": rs}
+                 for name, rs in rows.items()}}
+    result["peak_ratio"] = result["train_loop"]["peak_rss_mb_max"] / \
+        result["without_memory_measures"]["peak_rss_mb_max"]
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
