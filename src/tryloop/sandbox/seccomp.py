@@ -378,31 +378,19 @@ def _socket_body(other_family: _Insn | None = None) -> tuple[_Insn, ...]:
     """socket(): unix, inet6, and inet but not SOCK_PACKET; other families get `other_family`
     (default EPERM)."""
     unix, inet, inet6 = SOCKET_FAMILIES["AF_UNIX"], SOCKET_FAMILIES["AF_INET"], SOCKET_FAMILIES["AF_INET6"]
-    if other_family is not None:
-        return (
-            _stmt(_BPF_LD_W_ABS, _arg_lo(0)),  # 0: domain
-            _jump(_BPF_JEQ_K, unix, 6, 0),  # 1: -> 8 allow
-            _jump(_BPF_JEQ_K, inet6, 5, 0),  # 2: -> 8 allow
-            _jump(_BPF_JEQ_K, inet, 0, 6),  # 3: another family -> 10
-            _stmt(_BPF_LD_W_ABS, _arg_lo(1)),  # 4: type
-            _stmt(_BPF_AND_K, _SOCK_TYPE_MASK),  # 5
-            _jump(_BPF_JEQ_K, _SOCK_PACKET, 2, 0),  # 6: -> 9 deny
-            _ALLOW,  # 7
-            _ALLOW,  # 8
-            _DENY,  # 9
-            other_family,  # 10
-        )
+    tail = () if other_family is None else (other_family,)
     return (
         _stmt(_BPF_LD_W_ABS, _arg_lo(0)),  # 0: domain
         _jump(_BPF_JEQ_K, unix, 6, 0),  # 1: -> 8 allow
         _jump(_BPF_JEQ_K, inet6, 5, 0),  # 2: -> 8 allow
-        _jump(_BPF_JEQ_K, inet, 0, 5),  # 3: another family -> 9 deny
+        _jump(_BPF_JEQ_K, inet, 0, 5 + len(tail)),  # 3: another family -> 9 deny, or 10 its own answer
         _stmt(_BPF_LD_W_ABS, _arg_lo(1)),  # 4: type
         _stmt(_BPF_AND_K, _SOCK_TYPE_MASK),  # 5
         _jump(_BPF_JEQ_K, _SOCK_PACKET, 2, 0),  # 6: -> 9 deny
         _ALLOW,  # 7
         _ALLOW,  # 8
         _DENY,  # 9
+        *tail,  # 10
     )
 
 
