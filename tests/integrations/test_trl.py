@@ -7,29 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from function_store import function_task_store
 
-pytest.importorskip("trl")
-
-from tryloop.agent.episode import system_prompt  # noqa: E402
-from tryloop.config import load_yaml  # noqa: E402
-from tryloop.integrations.episodes import Judge  # noqa: E402
-from tryloop.integrations.trl import TryloopEnv, TryloopReward, task_dataset, tool_chat_template  # noqa: E402
-from tryloop.tasks.sources.functions import function_tasks  # noqa: E402
-from tryloop.tasks.store import TaskStore  # noqa: E402
+from tryloop.agent.episode import system_prompt
+from tryloop.config import load_yaml
+from tryloop.integrations.episodes import Judge
+from tryloop.integrations.trl import TryloopEnv, TryloopReward, task_dataset, tool_chat_template
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Two function-level tasks in a store, and a judge (sandboxes, verifier) configured for them."""
-    tmp = tmp_path_factory.mktemp("trl")
-    tasks = function_tasks(tmp / "src", per_family=1, families=["affine", "add-suffix"])
-    store = TaskStore(tmp / "tasks")
-    for t in tasks:
-        store.add(t)
-    cfg = tmp / "tryloop.yaml"
-    cfg.write_text(json.dumps({   # JSON is YAML
-        "tasks": {"store_url": str(tmp / "tasks")},
-        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": "tryloop-test"}}))
+    tasks, store, cfg = function_task_store(tmp_path_factory.mktemp("trl"))
     judge = Judge(load_yaml(cfg))
     yield store, tasks, judge
     judge.close()

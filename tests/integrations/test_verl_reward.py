@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
-
-from tryloop.tasks.sources.functions import function_tasks
-from tryloop.tasks.store import TaskStore
+from function_store import function_task_store
 
 
 @pytest.fixture
 def verl_module(tmp_path, monkeypatch):
-    tasks = function_tasks(tmp_path / "src", per_family=1, families=["affine", "add-suffix"])
-    store = TaskStore(tmp_path / "tasks")
-    for t in tasks:
-        store.add(t)
-    cfg = tmp_path / "tryloop.yaml"
-    cfg.write_text(json.dumps({   # JSON is YAML
-        "tasks": {"store_url": str(tmp_path / "tasks")},
-        "runtime": {"store_dir": str(tmp_path / "rt"), "state_dir": str(tmp_path / "state"),
-                    "cgroup_name": "tryloop-test"}}))
+    tasks, _, cfg = function_task_store(tmp_path)
     monkeypatch.setenv("TRYLOOP_CONFIG", str(cfg))
     import tryloop.integrations.verl as installed
 
