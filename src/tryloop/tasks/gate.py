@@ -131,6 +131,12 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
         from tryloop.tasks.families.gate import validate_answer
 
         return await validate_answer(runtime, task, cfg)
+    from tryloop.rewards import substeps
+
+    try:  # sub-steps: each must name a check that exists (tryloop.rewards.substeps)
+        substeps.validate_substeps(task)
+    except substeps.SubStepError as e:
+        return GateResult(task.id, False, e.reason, str(e))
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
@@ -154,7 +160,19 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
     fixed, broken = [ref, *runs[: cfg.k - 1]], [first, *runs[cfg.k - 1:]]
-    return judge(task.id, broken, fixed, cfg)
+    res = judge(task.id, broken, fixed, cfg)
+    if res.accepted and substeps.wants_repro(task):
+        # The reference is a fix, not a test: its repro is the hidden tests themselves, run by the
+        # repro check as an agent's tests would be (alone, on the broken workspace and over the fix).
+        try:
+            rep = await substeps.check_repro(runtime, task, task.hidden_tests(), runs=cfg.k, timeout=limit,
+                                             snapshot=snap)
+        except Exception as e:
+            return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
+        if not rep.met:
+            res.accepted, res.reason = False, substeps.SUBSTEP_UNMET
+            res.detail = f"the hidden tests, run as a repro, do not reproduce the bug: {rep.reason}"
+    return res
 
 
 @dataclass
