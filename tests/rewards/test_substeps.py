@@ -74,6 +74,12 @@ async def test_the_fix_alone_gets_only_its_part_and_the_repro_alone_only_its(run
                      RewardSpec(gate_on_tests=True))
     assert v.state == "fail" and v.meta["substeps"] == {"step:repro": "passed", "step:fix": "failed"}
     assert v.reward == pytest.approx(REPRO)
+    # With partial credit the fix's score is the fraction of expected tests passed (25 of 26 here).
+    v = await verify(runtime, repro_task, Submission(changes={"test_repro.py": repro_test}),
+                     RewardSpec(partial_credit=True))
+    n = len(v.outcomes)   # the expected tests: those the reference passes (all of them here)
+    assert v.meta["substep_scores"] == pytest.approx({"step:repro": 1.0, "step:fix": (n - 1) / n})
+    assert v.components["correctness"] == pytest.approx(REPRO + FIX * (n - 1) / n)
 
 
 def _with_steps(task: Task, tmp_path, steps: list[SubStep]) -> Task:

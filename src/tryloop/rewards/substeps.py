@@ -139,8 +139,9 @@ _cache: dict[str, Repro] = {}
 async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, bytes], *, runs: int = 2,
                       timeout: float | None = None, snapshot: Snapshot | None = None) -> Repro:
     """Run `tests` (test files, with any helper files beside them) alone on the pristine workspace and
-    over the reference fix, `runs` times each, in fresh sandboxes through the harness. Cached per task
-    version, code version and test contents: the tracker and the verifier ask about the same files."""
+    over the reference fix, `runs` times each, in fresh sandboxes through the harness (the first run of
+    each state decides whether the others are needed). Cached per task version, code version and test
+    contents: the tracker and the verifier ask about the same files."""
     from tryloop.rewards.verifier import REPORT_FORGED, evidence_flag
     from tryloop.rewards.version import code_version
     from tryloop.tasks.gate import _stable
@@ -160,9 +161,15 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
         async with sem:
             return await harness.run(runtime, task, files, {}, limit, snapshot=snap, argv=["-q", *paths])
 
-    recs = await asyncio.gather(*[one(dict(tests)) for _ in range(runs)],
-                                *[one({**reference, **tests}) for _ in range(runs)])
-    broken_runs, ref_runs = list(recs[:runs]), list(recs[runs:])
+    # One run of each state first: most tests that are no repro show it there, and the rest are saved.
+    b0, r0 = await asyncio.gather(one(dict(tests)), one({**reference, **tests}))
+    broken_runs, ref_runs = [b0], [r0]
+    if runs > 1 and any(o == "passed" and b0.outcomes.get(t) in FAILING for t, o in r0.outcomes.items()):
+        more = await asyncio.gather(*[one(dict(tests)) for _ in range(runs - 1)],
+                                    *[one({**reference, **tests}) for _ in range(runs - 1)])
+        broken_runs += more[: runs - 1]
+        ref_runs += more[runs - 1:]
+    recs = broken_runs + ref_runs
     res = Repro(False, files=paths, wall_s=max(r.wall_s for r in recs))
     for r in recs:
         res.flags += [f for f in (evidence_flag(e) for e in r.evidence) if f not in res.flags]

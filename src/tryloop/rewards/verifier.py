@@ -23,6 +23,10 @@
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
+7. A task declaring sub-steps (tryloop.rewards.substeps) gets a verdict per
+   sub-step: the fix is step 6's; a repro test of the agent's is run alone on
+   the broken workspace and over the reference fix (and kept out of the fix
+   run); the tests component is their weighted score.
 
 The reference run ("baseline") is made once per task and verifier version and
 cached beside the store: it says which tests exist and how long they take.

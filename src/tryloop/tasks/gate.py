@@ -10,6 +10,11 @@ A test whose outcome differs between runs of the same state is flaky: it is
 dropped from the acceptance set (and the task rejected if nothing that tells
 broken from fixed is left). The slowest run must fit the time budget. Every
 rejection carries its reason; `GateReport` sums yield per source and operator.
+
+A task declaring sub-steps (tryloop.rewards.substeps) must name a check for
+each, one of them the fix (`substep_without_check`, `substeps_invalid`); with a
+`repro` sub-step, the hidden tests run as a repro — alone, K times on the broken
+state and K times over the reference — must meet it (`reference_misses_substep`).
 """
 
 from __future__ import annotations
