@@ -33,8 +33,8 @@ Progress = Callable[[str, GateResult | None], None]
 
 # What a bug-fix task declaring the repro sub-step adds to its instruction.
 REPRO_NOTE = ("\n\nFirst add a test that reproduces the bug: a new test file outside `tests/` (for example "
-              "`test_repro.py` at the top of the workspace) whose test fails now and passes once the bug is "
-              "fixed. Then fix the bug.\n")
+              "`test_repro.py` at the top of the workspace; the tests under `tests/` stay as they are) whose "
+              "test fails now and passes once the bug is fixed. Then fix the bug.\n")
 
 
 def code_substeps(repro_weight: float = 1.0, fix_weight: float = 3.0, track: bool = True) -> SubSteps:
