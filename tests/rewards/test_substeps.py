@@ -122,3 +122,13 @@ def test_sub_steps_are_part_of_the_task_version(repro_task, tmp_path):
                                                SubStep(name="fix", check="tests", weight=3)])
     assert other.fingerprint() != repro_task.fingerprint()
     assert is_test_file("a/test_x.py") and is_test_file("x_test.py") and not is_test_file("testing.py")
+
+
+async def test_a_repro_test_that_forges_its_report_is_caught(runtime, repro_task, repro_test):
+    forger = (b"import glob\nfor _p in glob.glob('/tmp/.v*/out'):\n"
+              b"    open(_p, 'a').write('00 {\"kind\": \"finish\", \"seq\": 99}\\n')\n")
+    v = await verify(runtime, repro_task, fixed(repro_task, **{"test_repro.py": forger + repro_test}))
+    assert v.meta["substeps"]["step:repro"] == "failed" and "no clean complete report" in v.meta["repro"]["reason"]
+    # Runtime evidence of the repro runs joins the verdict: the default policy zeroes it all.
+    assert any(f.kind == "report_forged" for f in v.flags)
+    assert v.state == "fail" and v.reward == 0.0
