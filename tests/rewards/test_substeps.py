@@ -132,3 +132,10 @@ async def test_a_repro_test_that_forges_its_report_is_caught(runtime, repro_task
     # Runtime evidence of the repro runs joins the verdict: the default policy zeroes it all.
     assert any(f.kind == "report_forged" for f in v.flags)
     assert v.state == "fail" and v.reward == 0.0
+
+
+async def test_an_answer_graded_task_declares_its_sub_steps_in_its_check_not_here(runtime, repro_task, tmp_path):
+    task = _with_steps(repro_task, tmp_path, [SubStep(name="fix", check="tests")])
+    task.save_meta(task.with_meta(grader="answer"))
+    res = await validate(runtime, Task.load(task.root), GateConfig(k=1))
+    assert not res.accepted and res.reason == SUBSTEPS_INVALID and "tests/check.json" in res.detail

@@ -134,6 +134,7 @@ class Repro:
 
 
 _cache: dict[str, Repro] = {}
+CACHE_SIZE = 4096   # results kept in the process (the oldest go first)
 
 
 async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, bytes], *, runs: int = 2,
@@ -199,6 +200,8 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
             res.reason = f"every test of the agent's that passes with the reference fix passes on the broken " \
                          f"workspace too (or was not collected there): {passing[:3]}"
         _cache[key] = res
+        while len(_cache) > CACHE_SIZE:
+            del _cache[next(iter(_cache))]
     return res
 
 

@@ -132,16 +132,16 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     if task.meta.environment not in PROFILES:  # no episode could be run on it
         return GateResult(task.id, False, UNKNOWN_ENVIRONMENT, f"[metadata.tryloop] environment "
                           f"{task.meta.environment!r} is not one of {', '.join(PROFILES)}")
-    if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
-        from tryloop.tasks.families.gate import validate_answer
-
-        return await validate_answer(runtime, task, cfg)
     from tryloop.rewards import substeps
 
     try:  # sub-steps: each must name a check that exists (tryloop.rewards.substeps)
         substeps.validate_substeps(task)
     except substeps.SubStepError as e:
         return GateResult(task.id, False, e.reason, str(e))
+    if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
+        from tryloop.tasks.families.gate import validate_answer
+
+        return await validate_answer(runtime, task, cfg)
     snap = task_snapshot(runtime, task, sandbox_config_for(task))
     sem = asyncio.Semaphore(concurrency)
 
