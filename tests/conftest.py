@@ -68,3 +68,26 @@ def reward_tasks(tmp_path_factory):
 @pytest.fixture(scope="session")
 def task(reward_tasks):
     return reward_tasks[0]
+
+
+# A bug-fix task declaring the code sub-steps: factorial's loop stops one short in mathkit.
+FACTORIAL_BUG = {"id": "factorial-range", "project": "mathkit", "report": "factorial(5) returns 24, not 120.",
+                 "edits": [{"path": "mathkit/arith.py", "find": "for k in range(2, n + 1):",
+                            "replace": "for k in range(2, n):"}]}
+REPRO_TEST = b"from mathkit import factorial\n\n\ndef test_factorial_of_five():\n    assert factorial(5) == 120\n"
+
+
+@pytest.fixture(scope="session")
+def repro_task(tmp_path_factory):
+    """A bug-fix task from a bundled project with the sub-steps "a test that reproduces the bug"
+    (weight 1), then "the fix passes" (weight 3), tracked over turns."""
+    from tryloop.tasks.factory import bundled_projects, code_substeps, multifile_task
+
+    project = next(p for p in bundled_projects() if p.name == "mathkit")
+    return multifile_task(project, FACTORIAL_BUG, tmp_path_factory.mktemp("repro-task"), substeps=code_substeps())
+
+
+@pytest.fixture(scope="session")
+def repro_test() -> bytes:
+    """A test that reproduces `repro_task`'s bug: fails on the broken workspace, passes with the fix."""
+    return REPRO_TEST

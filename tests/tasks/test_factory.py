@@ -8,6 +8,7 @@ from tryloop.tasks.factory import (
     BuildOptions,
     build_default,
     bundled_projects,
+    code_substeps,
     multifile_bugs,
     multifile_task,
     synthesize,
@@ -46,6 +47,21 @@ async def test_synthesized_bugs_pass_the_gate_with_bug_report_instructions(runti
         # Hidden parts never enter the workspace.
         assert not any(p.startswith("tests/") for p in ws)
     assert report.total_kept == 2 and sum(report.kept.values()) == 2
+
+
+async def test_synthesized_bugs_can_declare_the_code_sub_steps(runtime, tmp_path):
+    store = TaskStore(tmp_path / "store")
+    report = GateReport()
+    kept = await synthesize(runtime, store, project("strutils"), tmp_path / "work", keep=1, seed=3,
+                            gate=GateConfig(k=2, require_pass_to_pass=True), report=report, max_candidates=12,
+                            substeps=code_substeps())
+    assert len(kept) == 1, report.rejected
+    task = store.get(kept[0].fingerprint)
+    assert [(s.name, s.check, s.weight) for s in task.meta.substeps.steps] == [("repro", "repro", 1.0),
+                                                                               ("fix", "tests", 3.0)]
+    assert task.meta.substeps.track
+    # The bug report, then what the repro sub-step asks (a test outside the protected tests/).
+    assert "reproduces the bug" in task.instruction and "outside `tests/`" in task.instruction
 
 
 async def test_multifile_bug_passes_the_gate(runtime, tmp_path):

@@ -232,3 +232,20 @@ def test_substep_credit_moves_each_turn_by_the_estimators_slope():
     assert adv.for_update() == adv.per_turn
     # The negative control keeps its information-free update: no per-turn credit with shuffled rewards.
     assert compute_advantages([good, bad], TrainConfig(substep_credit=True, shuffle_rewards=True)).per_turn == [None] * 2
+
+
+def test_substep_credit_on_a_code_task_repro_then_fix():
+    from tryloop.train.advantages import turn_rewards
+
+    # A bug-fix task: the repro test (1/4 of the tests component) met at turn 0, the fix (3/4) at turn 2.
+    both = stepped(1.1, {"step:repro": 0, "step:fix": 2}, {"step:repro": 0.25, "step:fix": 0.75}, turns=4)
+    assert turn_rewards(both) == pytest.approx([1.1, 0.85, 0.85, 0.1])
+    # The repro met, the fix never: its part (0) is everyone's; only turn 0 earned the repro's.
+    repro_only = stepped(0.35, {"step:repro": 0, "step:fix": None}, {"step:repro": 0.25, "step:fix": 0.0}, turns=4)
+    assert turn_rewards(repro_only) == pytest.approx([0.35, 0.1, 0.1, 0.1])
+    # The fix without a repro: the fix's part up to its turn, nothing for the repro.
+    fix_only = stepped(0.85, {"step:repro": None, "step:fix": 1}, {"step:repro": 0.0, "step:fix": 0.75}, turns=4)
+    assert turn_rewards(fix_only) == pytest.approx([0.85, 0.85, 0.1, 0.1])
+    adv = compute_advantages([both, repro_only, fix_only], TrainConfig(substep_credit=True))
+    assert all(p is not None and p == sorted(p, reverse=True) for p in adv.per_turn)  # earlier turns earn more
+    assert adv.per_turn[0][0] > adv.per_turn[2][0] > adv.per_turn[1][0]

@@ -35,10 +35,10 @@ from tryloop.agent.profiles import profile_for
 from tryloop.agent.tools import SUBMIT, Toolbox, ToolLimits, tool_lines
 from tryloop.agent.trajectory import Observation, ToolCall, Trajectory, Turn
 from tryloop.agent.workspace import workspace_changes
-from tryloop.errors import SandboxError
 from tryloop.rewards.answers import StepTracker
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
+from tryloop.rewards.substeps import CodeStepTracker
 from tryloop.rewards.verifier import encode_changes, verify
 from tryloop.tasks.model import Task
 
@@ -165,7 +165,9 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         session = policy.session(system_prompt(task, max_turns=limits.max_turns), task.instruction,
                                  seed=req.seed, task=task)
         observations: list[Observation] | None = None
-        tracker = StepTracker.for_task(task)   # sub-steps checked after each turn, when the task asks
+        # Sub-steps tracked over turns, when the task asks: an answer file read after each turn
+        # (data, documents), or the code task's file states, checked after the verdict.
+        tracker: StepTracker | CodeStepTracker | None = StepTracker.for_task(task) or CodeStepTracker.for_task(task)
         traj.termination = "turn_limit"
         for index in range(limits.max_turns):
             async with hooks.turn():
@@ -221,11 +223,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                         break
                 turn.observations = observations
                 if tracker is not None:
-                    try:
-                        answer = sb.read_file(tracker.answer_file, max_bytes=1 << 20)
-                    except (FileNotFoundError, IsADirectoryError, OSError, SandboxError):
-                        answer = None
-                    tracker.observe(index, answer)
+                    async with capacity.execution():
+                        await tracker.after_turn(index, sb)
                 turn.env_s = sum(o.env_s for o in observations)
                 env_s += turn.env_s
                 if submitted:
@@ -237,8 +236,6 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
         envs.release(sb)
     if skipped:
         traj.meta["skipped_files"] = skipped[:50]
-    if tracker is not None:
-        traj.meta["substeps_first_met"] = dict(tracker.first_met)   # sub-step -> turn index, or None
     traj.messages = session.messages
     tok = session.tokens
     traj.token_ids, traj.logprobs, traj.loss_mask = tok.ids, tok.logprobs, tok.mask
@@ -253,7 +250,13 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     stage("verifying")
     async with hooks.verification(), capacity.execution():
         verdict = await verify(envs.runtime, task, sub, spec)
+        if tracker is not None:
+            await tracker.finish(envs.runtime, verdict)
     verify_s = time.perf_counter() - t_verify
+    if tracker is not None:
+        traj.meta["substeps_first_met"] = dict(tracker.first_met)   # sub-step -> turn index, or None
+        if getattr(tracker, "error", ""):
+            traj.meta["substeps_error"] = tracker.error
     traj.verdict, traj.reward, traj.verdict_reason = verdict.state, verdict.reward, verdict.reason
     traj.reward_components = dict(verdict.components)
     traj.flags = [asdict(f) for f in verdict.flags]

@@ -158,13 +158,16 @@ def synth(
                                                                "--per-family of every template)")] = None,
     per_family: Annotated[int, typer.Option("--per-family", help="--family: variants per template")] = 3,
     tier: Annotated[int | None, typer.Option("--tier", min=1, max=3, help="--family: only this tier (1-3)")] = None,
+    substeps: Annotated[bool, typer.Option("--substeps", help="bug-fix tasks declare the sub-steps 'a test that "
+                                                              "reproduces the bug' (weight 1), then 'the fix "
+                                                              "passes' (weight 3), tracked over turns")] = False,
     store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
 ) -> None:
     """Plant bugs in a working project with AST mutations, or generate a task family (--family);
     keep what the gate accepts."""
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks import sources
-    from tryloop.tasks.factory import build_family, synthesize
+    from tryloop.tasks.factory import build_family, code_substeps, synthesize
     from tryloop.tasks.families import FAMILIES
     from tryloop.tasks.gate import GateReport
 
@@ -203,6 +206,7 @@ def synth(
             return await synthesize(rt, _store(cfg), project, work, keep=keep, seed=cfg.tasks.seed,
                                     operators=operators, gate=_gate(cfg, True), report=report,
                                     eval_fraction=cfg.tasks.eval_fraction,
+                                    substeps=code_substeps() if substeps else None,
                                     progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
     kept = run_cli(lambda: asyncio.run(go()))

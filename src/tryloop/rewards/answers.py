@@ -329,6 +329,19 @@ class StepTracker:
     def answer_file(self) -> str:
         return self.check.answer_file
 
+    async def after_turn(self, turn: int, sb: Any) -> None:
+        """The episode's hook after each turn: read the answer file from the agent's sandbox."""
+        from tryloop.errors import SandboxError
+
+        try:
+            answer = sb.read_file(self.answer_file, max_bytes=MAX_ANSWER_BYTES)
+        except (FileNotFoundError, IsADirectoryError, OSError, SandboxError):
+            answer = None
+        self.observe(turn, answer)
+
+    async def finish(self, runtime: Any, verdict: Any) -> None:
+        """The episode's hook after the verdict: nothing left to do (each turn was graded)."""
+
     def observe(self, turn: int, answer: bytes | None) -> None:
         g = grade(self.task, {} if answer is None else {self.check.answer_file: answer}, {}, self.gold)
         for key, outcome in g.outcomes.items():

@@ -23,6 +23,10 @@
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
+7. A task declaring sub-steps (tryloop.rewards.substeps) gets a verdict per
+   sub-step: the fix is step 6's; a repro test of the agent's is run alone on
+   the broken workspace and over the reference fix (and kept out of the fix
+   run); the tests component is their weighted score.
 
 The reference run ("baseline") is made once per task and verifier version and
 cached beside the store: it says which tests exist and how long they take.
@@ -30,6 +34,7 @@ cached beside the store: it says which tests exist and how long they take.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import fnmatch
 import hashlib
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.rewards import rules
+from tryloop.rewards import rules, substeps
 from tryloop.rewards.host_check import host_check
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
@@ -210,9 +215,25 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
     verdict.flags = list(detect(task, sub, pristine=pristine, hidden_tests=hidden))
     applied, refused = split_changes(task, sub.changes, hidden)
     verdict.meta["restored"] = refused
+    decl = task.meta.substeps
+    repro_tests: dict[str, bytes] | None = None
+    if decl is not None:  # sub-steps (tryloop.rewards.substeps): a declaration we cannot judge is the task's fault
+        try:
+            substeps.validate_substeps(task)
+        except substeps.SubStepError as e:
+            raise VerifierError(str(e)) from None
+        if substeps.wants_repro(task):  # the agent's tests are the repro's, never the fix run's
+            repro_tests = substeps.agent_tests(applied)
+            applied = {p: d for p, d in applied.items() if p not in repro_tests}
     base = await baseline(runtime, task)
     timeout = spec.timeout_s or task.meta.test_timeout_s
-    run = await _run(runtime, task, applied, hidden, timeout)
+    repro: substeps.Repro | None = None
+    if repro_tests is None:
+        run = await _run(runtime, task, applied, hidden, timeout)
+    else:
+        run, repro = await asyncio.gather(_run(runtime, task, applied, hidden, timeout), substeps.check_repro(
+            runtime, task, repro_tests, runs=decl.repro_runs, timeout=timeout))  # type: ignore[union-attr]
+        verdict.flags.extend(repro.flags)
     verdict.outcomes = run.outcomes
     verdict.meta["host_check"] = host_check(task) is not None
     verdict.meta.update(test_wall_s=run.wall_s, exit_code=run.exit_code, test_status=run.status,
@@ -248,6 +269,9 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
 
     comps = await rules.components(task, sub, spec, pristine=pristine, tests_passed=len(passed),
                                    tests_expected=len(expected), tests_state=state)
+    if decl is not None:  # the state stays the fix's; the tests component is split by the sub-steps' weights
+        substeps.score(task, spec, verdict, comps, state=state, passed=len(passed), expected=len(expected),
+                       repro=repro)
     verdict.components = comps
     total = spec.total(comps)
     if spec.gate_on_tests and state != "pass":

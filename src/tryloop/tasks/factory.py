@@ -19,7 +19,7 @@ from tryloop.assets import ASSETS
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.difficulty import static_difficulty
 from tryloop.tasks.gate import GateConfig, GateReport, GateResult, validate
-from tryloop.tasks.model import Task, TaskMeta
+from tryloop.tasks.model import SubStep, SubSteps, Task, TaskMeta
 from tryloop.tasks.project import Project
 from tryloop.tasks.splits import assign_split, eval_share
 from tryloop.tasks.store import Entry, TaskStore
@@ -30,6 +30,24 @@ ANSWER_IN_WORKSPACE = "answer_in_workspace"
 DUPLICATE = "duplicate"
 
 Progress = Callable[[str, GateResult | None], None]
+
+# What a bug-fix task declaring the repro sub-step adds to its instruction.
+REPRO_NOTE = ("\n\nFirst add a test that reproduces the bug: a new test file outside `tests/` (for example "
+              "`test_repro.py` at the top of the workspace; the tests under `tests/` stay as they are) whose "
+              "test fails now and passes once the bug is fixed. Then fix the bug.\n")
+
+
+def code_substeps(repro_weight: float = 1.0, fix_weight: float = 3.0, track: bool = True) -> SubSteps:
+    """The bug-fix sub-steps: "a test that reproduces the bug", then "the fix passes"."""
+    return SubSteps(track=track, steps=[SubStep(name="repro", check="repro", weight=repro_weight),
+                                        SubStep(name="fix", check="tests", weight=fix_weight)])
+
+
+def repro_instruction(text: str, substeps: SubSteps | None) -> str:
+    """The instruction, with the repro note when the task declares a repro sub-step."""
+    if substeps is None or not any(s.check == "repro" for s in substeps.steps):
+        return text
+    return text.rstrip("\n") + REPRO_NOTE
 
 
 @dataclass
@@ -136,8 +154,9 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
                      keep: int, seed: int = 0, operators: Iterable[str] | None = None,
                      gate: GateConfig | None = None, report: GateReport | None = None,
                      max_candidates: int | None = None, eval_fraction: float | None = None,
-                     progress: Progress | None = None) -> list[Entry]:
-    """Plant bugs in `project` with AST mutations until `keep` tasks pass the gate."""
+                     progress: Progress | None = None, substeps: SubSteps | None = None) -> list[Entry]:
+    """Plant bugs in `project` with AST mutations until `keep` tasks pass the gate. `substeps`: the
+    tasks declare them (e.g. `code_substeps()`: a repro test, then the fix)."""
     from tryloop.tasks.mutate import candidates
     from tryloop.tasks.report import bug_report, leaks_fix
 
@@ -154,7 +173,7 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
                         family=f"{project.name}-{m.id}", project=project.name, source="mutation",
                         test_command=project.test_command, tags=["mutation", m.operator.split(":")[0]],
                         origin={"operator": m.operator, "path": m.path, "line": m.lineno, "summary": m.summary,
-                                "project": project.origin})
+                                "project": project.origin}, substeps=substeps)
         cand = Task.create(work_dir / meta.id, meta, "(bug report written after the gate)", workspace=files,
                            tests=tests, solution=m.solution())
 
@@ -162,7 +181,7 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
             text = bug_report(project.name, result.broken_runs[0], result.fixed_runs[0], seed=seed)
             if leaks_fix(text, m):
                 return LEAKS_FIX
-            (task.root / "instruction.md").write_text(text)
+            (task.root / "instruction.md").write_text(repro_instruction(text, substeps))
             return Task.load(task.root)
 
         entry = await admit(runtime, store, cand, report, f"mutation:{m.operator.split(':')[0]}", gate,
@@ -197,7 +216,7 @@ def multifile_bugs(root: Path = PROJECTS_DIR) -> list[dict[str, Any]]:
     return list(doc.get("bug", doc.get("bugs", [])))
 
 
-def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path) -> Task:
+def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path, substeps: SubSteps | None = None) -> Task:
     ws, tests = project.split_files()
     files, solution = dict(ws), {}
     for edit in bug["edits"]:
@@ -208,8 +227,9 @@ def multifile_task(project: Project, bug: dict[str, Any], work_dir: Path) -> Tas
         files[edit["path"]] = text.replace(edit["find"], edit["replace"]).encode()
     meta = TaskMeta(id=f"{project.name}/{bug['id']}", family=f"{project.name}-{bug['id']}", project=project.name,
                     source="bundled", test_command=project.test_command, tags=["multi-file", "handwritten"],
-                    tier="hard", origin={"bug": bug["id"], "project": project.origin})
-    return Task.create(work_dir / meta.id, meta, bug["report"], workspace=files, tests=tests, solution=solution)
+                    tier="hard", origin={"bug": bug["id"], "project": project.origin}, substeps=substeps)
+    return Task.create(work_dir / meta.id, meta, repro_instruction(bug["report"], substeps), workspace=files,
+                       tests=tests, solution=solution)
 
 
 async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, opts: BuildOptions | None = None,

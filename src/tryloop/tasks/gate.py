@@ -10,6 +10,11 @@ A test whose outcome differs between runs of the same state is flaky: it is
 dropped from the acceptance set (and the task rejected if nothing that tells
 broken from fixed is left). The slowest run must fit the time budget. Every
 rejection carries its reason; `GateReport` sums yield per source and operator.
+
+A task declaring sub-steps (tryloop.rewards.substeps) must name a check for
+each, one of them the fix (`substep_without_check`, `substeps_invalid`); with a
+`repro` sub-step, the hidden tests run as a repro — alone, K times on the broken
+state and K times over the reference — must meet it (`reference_misses_substep`).
 """
 
 from __future__ import annotations
@@ -127,6 +132,12 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     if task.meta.environment not in PROFILES:  # no episode could be run on it
         return GateResult(task.id, False, UNKNOWN_ENVIRONMENT, f"[metadata.tryloop] environment "
                           f"{task.meta.environment!r} is not one of {', '.join(PROFILES)}")
+    from tryloop.rewards import substeps
+
+    try:  # sub-steps: each must name a check that exists (tryloop.rewards.substeps)
+        substeps.validate_substeps(task)
+    except substeps.SubStepError as e:
+        return GateResult(task.id, False, e.reason, str(e))
     if task.meta.grader == "answer":  # data / document tasks: no tests to run (tryloop.tasks.families.gate)
         from tryloop.tasks.families.gate import validate_answer
 
@@ -154,7 +165,19 @@ async def validate(runtime: SandboxRuntime, task: Task, cfg: GateConfig | None =
     except Exception as e:  # a sandbox that failed to start is no verdict on the task
         return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
     fixed, broken = [ref, *runs[: cfg.k - 1]], [first, *runs[cfg.k - 1:]]
-    return judge(task.id, broken, fixed, cfg)
+    res = judge(task.id, broken, fixed, cfg)
+    if res.accepted and substeps.wants_repro(task):
+        # The reference is a fix, not a test: its repro is the hidden tests themselves, run by the
+        # repro check as an agent's tests would be (alone, on the broken workspace and over the fix).
+        try:
+            rep = await substeps.check_repro(runtime, task, task.hidden_tests(), runs=cfg.k, timeout=limit,
+                                             snapshot=snap)
+        except Exception as e:
+            return GateResult(task.id, False, INFRA, f"{type(e).__name__}: {e}")
+        if not rep.met:
+            res.accepted, res.reason = False, substeps.SUBSTEP_UNMET
+            res.detail = f"the hidden tests, run as a repro, do not reproduce the bug: {rep.reason}"
+    return res
 
 
 @dataclass

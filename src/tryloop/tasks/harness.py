@@ -993,11 +993,13 @@ def pytest_args(task: Task) -> list[str] | None:
 
 
 async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dict[str, bytes],
-              timeout: float, *, snapshot: Snapshot | None = None, read_back: str | None = None) -> RunRecord:
+              timeout: float, *, snapshot: Snapshot | None = None, read_back: str | None = None,
+              argv: list[str] | None = None) -> RunRecord:
     """Apply `applied` to a fresh sandbox of the task's pristine workspace, lay the hidden tests
     over it and run the task's tests under the harness. The one way tryloop runs a task's tests
     (the verifier, the quality gate, benchmarks). `read_back`: a file of the sandbox whose bytes
-    come back in `RunRecord.read_back` (b"" when it is not there)."""
+    come back in `RunRecord.read_back` (b"" when it is not there). `argv`: pytest's arguments
+    instead of the task's test command (e.g. a sub-step's own test files, tryloop.rewards.substeps)."""
     cfg = sandbox_config_for(task)
     snap = snapshot or task_snapshot(runtime, task, cfg)
     key = secrets.token_hex(32).encode()
@@ -1014,7 +1016,7 @@ async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dic
         for rel, data in hidden.items():  # last: tests always win
             sb.write_file(rel, data)
         agent_files = [p for p, d in applied.items() if d is not None]
-        python, args = _python(sb.env), pytest_args(task)
+        python, args = _python(sb.env), (argv if argv is not None else pytest_args(task))
         files = slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
         for name, text in files.items():
             sb.write_file(f"{slot}/{name}", text)

@@ -56,6 +56,31 @@ class TaskError(TryloopError):
     exit_code = 65  # sysexits.h EX_DATAERR
 
 
+# The acceptance checks a code task's sub-steps may name (tryloop.rewards.substeps).
+CODE_CHECKS = {"repro": "a test of the agent's fails on the broken workspace and passes with the reference fix",
+               "tests": "the hidden tests pass (the task's verdict)"}
+
+
+class SubStep(_Model):
+    """One ordered sub-step of a test-graded task, with the check that accepts it."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="label: `step:<name>` in the verdict")
+    check: str | None = Field(None, description=f"its acceptance check: {' | '.join(CODE_CHECKS)} "
+                                                "(the gate rejects a sub-step without one)")
+    weight: float = Field(1.0, ge=0, description="its share of the tests component")
+
+
+class SubSteps(_Model):
+    """`[metadata.tryloop.substeps]`: a code task's ordered sub-steps, e.g. "a test that reproduces the
+    bug", then "the fix passes" (docs/tasks.md, "Sub-steps for code")."""
+
+    steps: list[SubStep] = Field(min_length=1)
+    track: bool = Field(False, description="record the turn at which each sub-step was first met "
+                                           "(checked after the episode from per-turn file states)")
+    repro_runs: int = Field(2, ge=1, le=5, description="runs of each state (broken, reference) a repro "
+                                                       "test must fail / pass in every one of")
+
+
 class TaskMeta(_Model):
     """`[metadata.tryloop]` in task.toml."""
 
@@ -87,6 +112,9 @@ class TaskMeta(_Model):
                                                 "environment/Dockerfile); none: the host-derived root")
     environment: str = Field("software", description="the episode's system prompt and tool set "
                                                       "(tryloop.agent.profiles); not a grading field")
+    substeps: SubSteps | None = Field(None, description="test-graded tasks: ordered sub-steps with their checks "
+                                                        "and weights (opt-in; answer-graded tasks declare "
+                                                        "theirs in tests/check.json)")
 
     @field_validator("id", "family", "project")
     @classmethod
@@ -104,6 +132,8 @@ class TaskMeta(_Model):
                                              "pass_to_pass", "protected_paths")}
         if self.grader != "tests":  # only when set, so test-graded tasks keep their versions
             out["grader"] = self.grader
+        if self.substeps is not None:  # only when declared: other tasks keep their versions
+            out["substeps"] = self.substeps.model_dump(mode="json")
         if self.image is not None:  # the environment judged in: part of the fingerprint, so of reward versions
             out["image"] = self.image
         return out
