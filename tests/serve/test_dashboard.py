@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import uvicorn
 import yaml
+from browser import browser_page
+from dashboard_run import RUN, STEPS, build_run, write_state_file, write_step
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from browser import browser_page  # noqa: E402
-from dashboard_run import RUN, STEPS, build_run, write_state_file, write_step  # noqa: E402
-
-from tryloop.cli.main import app as cli  # noqa: E402
-from tryloop.config import load_yaml  # noqa: E402
-from tryloop.serve.asgi import server_in_thread  # noqa: E402
-from tryloop.serve.dashboard import Dashboard, JsonlTail, create_app  # noqa: E402
-from tryloop.store.trajectories import TrajectoryStore  # noqa: E402
+from tryloop.cli.main import app as cli
+from tryloop.config import load_yaml
+from tryloop.serve.asgi import server_in_thread
+from tryloop.serve.dashboard import Dashboard, JsonlTail, create_app
+from tryloop.store.trajectories import TrajectoryStore
 
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
