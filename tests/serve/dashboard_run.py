@@ -121,6 +121,8 @@ def write_state_file(run_dir: Path, *, live: bool = True) -> None:
     pool.live.labels(pool="mathkit").set(5)
     pool.idle.labels(pool="mathkit").set(2)
     pool.acquired.labels(pool="mathkit", result="hit").inc(7)
+    for seconds in (0.01, 0.03):
+        pool.acquire.labels(pool="mathkit", result="hit").observe(seconds)
     write_state(run_dir / "state.json", registry, live=live)
 
 

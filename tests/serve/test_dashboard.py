@@ -61,6 +61,9 @@ def test_run_carries_curves_with_intervals_time_split_flags_and_state(run):
     state = doc["state"]
     assert state["live"] and {"scheduler", "pool"} <= set(state["groups"])
     assert {"name": "idle", "labels": "pool=mathkit", "value": 2.0} in state["groups"]["pool"]
+    # a histogram is one row: its mean over its count
+    assert {"name": "acquire_seconds (mean)", "labels": "pool=mathkit, result=hit", "value": pytest.approx(0.02),
+            "n": 2.0} in state["groups"]["pool"]
     assert doc["warnings"] == []
 
 

@@ -403,20 +403,30 @@ def _state_view(state: Row | None) -> Row | None:
     groups: dict[str, list[Row]] = {}
     names = {"tryloop_scheduler_": "scheduler", "tryloop_pool_": "pool", "tryloop_serve_": "sessions",
              "tryloop_train_": "train"}
-    for name, samples in sorted((state.get("metrics") or {}).items()):
+    metrics = state.get("metrics") or {}
+
+    def label_text(s: Row) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted((s.get("labels") or {}).items()))
+
+    for name, samples in sorted(metrics.items()):
         group = next((g for p, g in names.items() if name.startswith(p)), None)
-        if group is None or not isinstance(samples, list):
+        if group is None or not isinstance(samples, list) or name.endswith("_sum"):
             continue
         short = name
         for p in names:
             short = short.removeprefix(p)
+        # A histogram's _count and _sum: one row, its mean over the count.
+        sums = {label_text(s): s.get("value") for s in metrics.get(name[:-6] + "_sum", []) or []
+                if isinstance(s, dict)} if name.endswith("_count") else {}
         for s in samples:
             if not isinstance(s, dict):
                 continue
-            labels = s.get("labels") or {}
-            groups.setdefault(group, []).append(
-                {"name": short, "labels": ", ".join(f"{k}={v}" for k, v in sorted(labels.items())),
-                 "value": s.get("value")})
+            labels, value = label_text(s), s.get("value")
+            row = {"name": short, "labels": labels, "value": value}
+            if labels in sums and _num(value) and _num(sums[labels]):
+                row = {"name": short[:-6] + " (mean)", "labels": labels, "value": sums[labels] / value
+                       if value else None, "n": value}
+            groups.setdefault(group, []).append(row)
     return {"time": state.get("time"), "age_s": state.get("age_s"), "live": state.get("live_now"),
             "ended": not state.get("live"), "pid": state.get("pid"), "groups": groups}
 
