@@ -38,6 +38,11 @@ def test_runs_list_names_the_train_run_and_its_evaluations(run):
     assert runs[RUN]["live"] is True
     last_eval = runs[f"{RUN}-eval-{STEPS - 1}"]
     assert (last_eval["kind"], last_eval["parent"], last_eval["trajectory_steps"]) == ("eval", RUN, 1)
+    # A run without metrics.jsonl: its curves come from its stored episodes.
+    doc = client.get(f"/api/runs/{RUN}-eval-{STEPS - 1}").json()
+    assert doc["headline"]["episodes"] == "4" and doc["headline"]["pass rate"] == "50.0% of 4 judged"
+    rate = next(c for c in doc["charts"] if c["title"] == "Pass rate per step")["series"][0]
+    assert rate["points"] == [[0, 0.5]] and rate["band"][0][1] < 0.5 < rate["band"][0][2]
 
 
 def test_run_carries_curves_with_intervals_time_split_flags_and_state(run):

@@ -247,7 +247,7 @@ class Dashboard:
                     "state": _state_view(state), "report": (d / "report.html").exists()}
         doc.update(_train_view(metrics, evals, manifest))
         if not metrics:   # eval, serve and episode runs: curves from their stored episodes
-            doc.update(_episodes_view(self.trajectories(run_id)))
+            doc.update(_episodes_view(self.trajectories(run_id, limit=None)))
         return _clean(doc)
 
     @staticmethod
@@ -262,8 +262,9 @@ class Dashboard:
 
     # ---- episodes ------------------------------------------------------------------
 
-    def trajectories(self, run_id: str, step: int | None = None) -> list[Row]:
-        """Summary rows of the run's stored episodes (each once: its latest write), newest last."""
+    def trajectories(self, run_id: str, step: int | None = None, limit: int | None = _MAX_EPISODES) -> list[Row]:
+        """Summary rows of the run's stored episodes (each once: its latest write), newest last; the
+        newest `limit` of them (None: all)."""
         st = self.store()
         if st is None:
             return []
@@ -287,7 +288,7 @@ class Dashboard:
         out = [r for _, r in sorted(best.values(), key=lambda kv: (kv[1]["step"], kv[0]))]
         for r in out:
             self._where[r["episode_id"]] = (r["run_id"], r["step"])
-        return _clean(out[-_MAX_EPISODES:])
+        return _clean(out[-limit:] if limit else out)
 
     def trajectory(self, episode_id: str, run_id: str | None = None, step: int | None = None) -> Row:
         st = self.store()
