@@ -143,6 +143,31 @@ def test_bad_input_gets_clear_errors(run):
     assert client.get("/runs/no-such-run/report.html").status_code == 404
 
 
+def test_a_metrics_endpoint_is_a_live_source(tmp_path):
+    """A /metrics endpoint (here the one `telemetry.metrics_port` serves for train and eval) is
+    scraped on each request; one that does not answer is a warning, not an error."""
+    from tryloop.scheduler.metrics import SchedulerMetrics
+    from tryloop.telemetry.metrics_http import TelemetryConfig, serve_metrics
+
+    with serve_metrics(TelemetryConfig(metrics_port=0)) as ep:
+        sched = SchedulerMetrics(ep.registry)
+        sched.queue_depth.labels(queue="ready").set(5)
+        dead = "http://127.0.0.1:9/metrics"
+        client = TestClient(create_app(Dashboard(tmp_path / "runs", None, metrics_urls=[ep.url, dead])))
+        runs = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
+        sid = ep.url.removeprefix("http://").removesuffix("/metrics")
+        assert runs[sid]["kind"] == "server" and runs[sid]["dir"] == ep.url
+        doc = client.get(f"/api/runs/{sid}").json()
+        assert doc["run"]["live"] and doc["warnings"] == []
+        assert {"name": "queue_depth", "labels": "queue=ready", "value": 5.0} in doc["state"]["groups"]["scheduler"]
+        sched.queue_depth.labels(queue="ready").set(2)        # the next request sees the new value
+        doc = client.get(f"/api/runs/{sid}").json()
+        assert {"name": "queue_depth", "labels": "queue=ready", "value": 2.0} in doc["state"]["groups"]["scheduler"]
+        doc = client.get("/api/runs/127.0.0.1:9").json()
+        assert doc["run"]["live"] is False and doc["state"] is None
+        assert doc["warnings"][0]["file"] == dead and "cannot read the metrics" in doc["warnings"][0]["error"]
+
+
 def test_empty_dirs_and_a_missing_store_are_not_created(tmp_path):
     client = TestClient(create_app(Dashboard(tmp_path / "runs", str(tmp_path / "traj"))))
     assert client.get("/api/runs").json()["runs"] == []
@@ -164,11 +189,13 @@ def test_cli_flags_are_config_fields(tmp_path, monkeypatch):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(yaml.safe_dump({"serve": {"dashboard": {"refresh_s": 5}}}))
     r = CliRunner().invoke(cli, ["dashboard", "--port", "0", "--host", "127.0.0.2", "--runs-dir", str(tmp_path),
-                                 "--trajectories", str(tmp_path / "t"), "--config", str(cfg_path)])
+                                 "--trajectories", str(tmp_path / "t"), "--config", str(cfg_path),
+                                 "--metrics-url", "http://a:1/metrics", "--metrics-url", "http://b:2/metrics"])
     assert r.exit_code == 0, r.output
     cfg = seen["cfg"]
     assert (cfg.serve.dashboard.port, cfg.serve.dashboard.host, cfg.serve.dashboard.refresh_s) == (0, "127.0.0.2", 5)
     assert cfg.store.runs_dir == tmp_path and cfg.store.trajectories_url == str(tmp_path / "t")
+    assert cfg.serve.dashboard.metrics_urls == ["http://a:1/metrics", "http://b:2/metrics"]
     assert load_yaml(cfg_path).serve.dashboard.host == "127.0.0.1"      # bound to loopback by default
     r = CliRunner().invoke(cli, ["dashboard", "--auth-token-env", "NO_SUCH_TOKEN_VAR"])
     assert r.exit_code != 0 and "NO_SUCH_TOKEN_VAR" in r.output

@@ -38,6 +38,9 @@ def dashboard_cmd(
                                                        help=_help("serve.dashboard.auth_token_env"))] = None,
     access_log: Annotated[str | None, typer.Option("--access-log",
                                                    help=_help("serve.dashboard.access_log"))] = None,
+    metrics_url: Annotated[list[str] | None, typer.Option("--metrics-url",
+                                                          help=_help("serve.dashboard.metrics_urls")
+                                                          + "; repeat for several")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """A live web page over runs (train, eval, serve): learning curves with intervals, the time split
@@ -46,5 +49,6 @@ def dashboard_cmd(
     cfg = run_cli(load_config, config, {
         "serve.dashboard.host": host, "serve.dashboard.port": port, "store.runs_dir": runs_dir,
         "store.trajectories_url": trajectories, "tasks.store_url": tasks, "serve.dashboard.refresh_s": refresh,
-        "serve.dashboard.auth_token_env": auth_token_env, "serve.dashboard.access_log": access_log})
+        "serve.dashboard.auth_token_env": auth_token_env, "serve.dashboard.access_log": access_log,
+        "serve.dashboard.metrics_urls": metrics_url or None})
     run_cli(_serve, cfg)

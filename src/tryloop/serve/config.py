@@ -84,6 +84,10 @@ class ServeDashboardConfig(_Model):
                                                    "no auth")
     access_log: str | None = Field(None, description="structured access log, one JSON object per request: a "
                                                      "file path, '-' for stderr, null: off")
+    metrics_urls: list[str] = Field(default_factory=list,
+                                    description="Prometheus /metrics endpoints shown as live sources (a `tryloop "
+                                                "serve env` or `serve model`, a run's telemetry.metrics_port), "
+                                                "scraped on every refresh")
 
 
 class ServeConfig(_Model):

@@ -109,7 +109,7 @@ class JsonlTail:
                             raise ValueError(f"a {type(row).__name__}, not an object")
                     except ValueError as e:
                         self.errors.append({"file": str(self.path), "line": self.line_no,
-                                            "error": f"{type(e).__name__}: {e}"[:300]})
+                                            "error": f"skipped, does not parse: {type(e).__name__}: {e}"[:300]})
                         continue
                     self.rows.append(row)
                 self.offset += end
@@ -119,8 +119,10 @@ class JsonlTail:
 class Dashboard:
     """What the page shows, read from the run directories and the trajectory store."""
 
-    def __init__(self, runs_dir: str | Path, trajectories_url: str | None, tasks_url: str | None = None):
+    def __init__(self, runs_dir: str | Path, trajectories_url: str | None, tasks_url: str | None = None,
+                 metrics_urls: list[str] | None = None):
         self.runs_dir = Path(runs_dir)
+        self.metrics_urls = list(metrics_urls or [])
         self.trajectories_url = trajectories_url
         self.tasks_url = tasks_url
         self._tails: dict[Path, JsonlTail] = {}
@@ -200,6 +202,10 @@ class Dashboard:
             row.setdefault("live", False)
             row.setdefault("steps", None)
             row["trajectory_steps"] = len(steps)
+        for url in self.metrics_urls:
+            sid = _source_id(url)
+            out.setdefault(sid, {"id": sid, "kind": "server", "parent": None, "dir": url, "live": True,
+                                 "trajectory_steps": 0})
         for row in out.values():
             for k in ("dir", "updated", "steps"):
                 row.setdefault(k, None)
@@ -233,7 +239,7 @@ class Dashboard:
         evals: list[Row] = []
         manifest: Row = {}
         summary: Row | None = None
-        if info.get("dir"):
+        if info.get("dir") and info["kind"] != "server":
             metrics, errs = self._tail(d / "metrics.jsonl")
             warnings += errs
             evals, errs = self._tail(d / "evals.jsonl")
@@ -241,12 +247,17 @@ class Dashboard:
             manifest = self._json(d / "manifest.json", warnings) or {}
             summary = self._json(d / "summary.json", warnings)
         metrics = sorted((m for m in metrics if _num(m.get("step"))), key=lambda m: m["step"])
-        state = self._state(d) if info.get("dir") else None
+        state = None
+        if info["kind"] == "server":
+            state = _scrape(info["dir"], warnings)
+            info = {**info, "live": state is not None}
+        elif info.get("dir"):
+            state = self._state(d)
         doc: Row = {"run": info, "manifest": _manifest_view(manifest), "summary": _summary_view(summary),
                     "metrics": metrics, "evals": evals, "warnings": warnings,
                     "state": _state_view(state), "report": (d / "report.html").exists()}
         doc.update(_train_view(metrics, evals, manifest))
-        if not metrics:   # eval, serve and episode runs: curves from their stored episodes
+        if not metrics and info["kind"] != "server":   # eval, serve, episode runs: curves from their episodes
             doc.update(_episodes_view(self.trajectories(run_id, limit=None)))
         return _clean(doc)
 
@@ -257,7 +268,8 @@ class Dashboard:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            warnings.append({"file": str(path), "line": None, "error": f"{type(e).__name__}: {e}"[:300]})
+            warnings.append({"file": str(path), "line": None,
+                             "error": f"does not parse: {type(e).__name__}: {e}"[:300]})
             return None
 
     # ---- episodes ------------------------------------------------------------------
@@ -344,6 +356,30 @@ class Dashboard:
         }
 
 
+def _source_id(url: str) -> str:
+    """A /metrics endpoint's name in the run list: its host and port (and path, when not /metrics)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return u.netloc + ("" if u.path in ("", "/metrics") else u.path)
+
+
+def _scrape(url: str, warnings: list[dict[str, Any]]) -> Row | None:
+    """A /metrics endpoint's samples as a live state; None (and a warning) when it does not answer."""
+    import httpx
+
+    from tryloop.telemetry.live import parse_exposition
+
+    try:
+        r = httpx.get(url, timeout=3.0)
+        r.raise_for_status()
+        metrics = parse_exposition(r.text)
+    except (httpx.HTTPError, ValueError) as e:
+        warnings.append({"file": url, "line": None, "error": f"cannot read the metrics: {type(e).__name__}: {e}"[:300]})
+        return None
+    return {"time": time.time(), "age_s": 0.0, "live": True, "live_now": True, "pid": None, "metrics": metrics}
+
+
 def _clip(s: str | None, n: int = _TEXT_CHARS) -> str:
     s = s or ""
     return s if len(s) <= n else f"{s[: n // 2]}\n… [{len(s) - n:,} characters cut] …\n{s[-n // 2:]}"
@@ -403,7 +439,7 @@ def _state_view(state: Row | None) -> Row | None:
         return None
     groups: dict[str, list[Row]] = {}
     names = {"tryloop_scheduler_": "scheduler", "tryloop_pool_": "pool", "tryloop_serve_": "sessions",
-             "tryloop_train_": "train"}
+             "tryloop_train_": "train", "tryloop_model_": "model", "vllm:": "model"}
     metrics = state.get("metrics") or {}
 
     def label_text(s: Row) -> str:
@@ -660,7 +696,7 @@ def create_app(dashboard: Dashboard, *, refresh_s: float = 2.0, auth_token_env: 
 def dashboard_for(cfg) -> tuple[Dashboard, Any]:
     """The Dashboard and its section of `cfg` (a TryloopConfig)."""
     dcfg = cfg.serve.dashboard
-    return Dashboard(cfg.store.runs_dir, cfg.store.trajectories_url, cfg.tasks.store_url), dcfg
+    return Dashboard(cfg.store.runs_dir, cfg.store.trajectories_url, cfg.tasks.store_url, dcfg.metrics_urls), dcfg
 
 
 def serve_dashboard(cfg, on_ready=None) -> None:

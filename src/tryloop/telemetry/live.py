@@ -31,8 +31,19 @@ STATE_FILE = "state.json"
 def snapshot(registry: CollectorRegistry) -> dict[str, list[dict[str, Any]]]:
     """Every sample of the registry by name: [{"labels": {...}, "value": v}] (histogram buckets
     left out: their _count and _sum stay)."""
+    return _samples(registry.collect())
+
+
+def parse_exposition(text: str) -> dict[str, list[dict[str, Any]]]:
+    """The same, from a Prometheus text exposition (what a /metrics endpoint serves)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return _samples(text_string_to_metric_families(text))
+
+
+def _samples(families) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for family in registry.collect():
+    for family in families:
         for s in family.samples:
             if s.name.endswith("_bucket") or s.name.endswith("_created"):
                 continue
