@@ -12,6 +12,8 @@ command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v tar >/dev/null || need_apt+=(tar)
 command -v dash >/dev/null || need_apt+=(dash)  # the shell of the test suite's OCI archives
+# the dashboard's browser test drives headless Chromium (with a font, so its screenshots have text)
+command -v chromium >/dev/null || need_apt+=(chromium fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

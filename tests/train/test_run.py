@@ -140,6 +140,10 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     assert {t.policy_version for t in trajs if t.step == 1} == {"step-0"}   # step 1 sampled the new weights
     before = weights_digest(res.run_dir)
     assert res.report_path.exists() and "Training run short" in res.report_path.read_text()
+    # The live state the dashboard reads: the scheduler's and pools' registry, marked ended.
+    state = json.loads((res.run_dir / "state.json").read_text())
+    assert state["live"] is False and state["metrics"]["tryloop_train_step"][0]["value"] == 1.0
+    assert "tryloop_pool_acquire_total" in state["metrics"] and "tryloop_scheduler_admission_limit" in state["metrics"]
     # The run refuses to start again without --resume, and refuses a reward version the gate never saw.
     with pytest.raises(Exception, match="--resume"):
         asyncio.run(train(cfg, cfg.train))

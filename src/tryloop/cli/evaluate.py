@@ -23,6 +23,7 @@ def _run(cfg) -> None:
     from tryloop.sandbox import SandboxRuntime
     from tryloop.store.trajectories import TrajectoryStore
     from tryloop.tasks.store import TaskStore
+    from tryloop.telemetry.live import live_state
     from tryloop.telemetry.metrics_http import serve_metrics
 
     ecfg = cfg.eval
@@ -71,7 +72,8 @@ def _run(cfg) -> None:
                 await asyncio.to_thread(close)
         return res
 
-    with serve_metrics(cfg.telemetry) as metrics:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with serve_metrics(cfg.telemetry) as metrics, live_state(out_dir, metrics.registry):
         res = asyncio.run(go(metrics))
     t = Table(title=f"evaluation {run_id}", show_header=False)
     t.add_column(style="bold")

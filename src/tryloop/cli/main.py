@@ -95,6 +95,7 @@ def run_cli(fn, *args, **kwargs):
 def _register() -> None:
     from tryloop.cli import (
         bench,
+        dashboard,
         demo,
         evaluate,
         export,
@@ -116,6 +117,7 @@ def _register() -> None:
     app.command("demo")(demo.demo)
     app.command("eval")(evaluate.evaluate_cmd)
     app.command("train")(train.train_cmd)
+    app.command("dashboard")(dashboard.dashboard_cmd)
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -70,8 +70,29 @@ class ServeModelConfig(_Model):
                                                     "file path, '-' for stderr, null: off")
 
 
+class ServeDashboardConfig(_Model):
+    """`serve.dashboard`: the live web page over runs. Every `tryloop dashboard` flag sets one of these
+    (or, for --runs-dir, --trajectories and --tasks, the store it reads: store.runs_dir,
+    store.trajectories_url, tasks.store_url)."""
+
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0: every interface)")
+    port: int = Field(8265, ge=0, le=65535, description="port to bind (0: any free port, reported at start)")
+    refresh_s: float = Field(2.0, gt=0, le=3600, description="how often the page asks for new data (seconds)")
+    auth_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                       description="environment variable holding the bearer token every API "
+                                                   "request must carry (the page asks for it once); null: "
+                                                   "no auth")
+    access_log: str | None = Field(None, description="structured access log, one JSON object per request: a "
+                                                     "file path, '-' for stderr, null: off")
+    metrics_urls: list[str] = Field(default_factory=list,
+                                    description="Prometheus /metrics endpoints shown as live sources (a `tryloop "
+                                                "serve env` or `serve model`, a run's telemetry.metrics_port), "
+                                                "scraped on every refresh")
+
+
 class ServeConfig(_Model):
     """`serve:` in the YAML file."""
 
     env: ServeEnvConfig = Field(default_factory=ServeEnvConfig)
     model: ServeModelConfig = Field(default_factory=ServeModelConfig)
+    dashboard: ServeDashboardConfig = Field(default_factory=ServeDashboardConfig)

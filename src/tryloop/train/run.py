@@ -47,6 +47,7 @@ from tryloop.sandbox import SandboxRuntime
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.tasks.model import Task
 from tryloop.tasks.store import TaskStore
+from tryloop.telemetry.live import live_state
 from tryloop.telemetry.metrics_http import serve_metrics
 from tryloop.telemetry.stats import pass_counts
 from tryloop.train import checkpoint, memory
@@ -153,6 +154,17 @@ def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any]
     }
 
 
+def _eval_row(step: int, name: str, run_id: str, k: int, temperature: float, s,
+              trajectories: list[Trajectory]) -> dict[str, Any]:
+    """One evaluations.jsonl row: the eval set's pass@1 with its interval and per-task counts."""
+    per_task = {task_id: [c, n] for task_id, (n, c) in pass_counts(trajectories).items()}
+    return {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
+            "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
+            "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
+            "reward_mean": s.reward.value if s.reward else None, "episodes": s.episodes,
+            "tasks": per_task}
+
+
 async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = False, hook: Hook | None = None,
                 runner: EpisodeRunner | None = None, stop_after_step: int | None = None) -> TrainResult:
     """Run (or resume) `tcfg.run_id`. `stop_after_step` ends early after that step (tests)."""
@@ -196,6 +208,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     if metrics.url:
         emit("log", {"message": f"metrics: {metrics.url}"})
     gauges = _train_gauges(metrics.registry)
+    served.enter_context(live_state(run_dir, metrics.registry))   # state.json, read by the dashboard
     envs = Environments(runtime, registry=metrics.registry)
     own_runner = runner is None
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), registry=metrics.registry)
@@ -259,13 +272,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
                                      runner=runner, spec=spec,
                                      on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
-            s = res.summary
-            per_task = {task_id: [c, n] for task_id, (n, c) in pass_counts(res.trajectories).items()}
-            row = {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
-                   "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
-                   "lo": s.pass_at_1.lo if s.pass_at_1 else None, "hi": s.pass_at_1.hi if s.pass_at_1 else None,
-                   "reward_mean": s.reward.value if s.reward else None, "episodes": s.episodes,
-                   "tasks": per_task}
+            row = _eval_row(step, name, run_id, k, temperature, res.summary, res.trajectories)
             _append_jsonl(evals_path, row)
             emit("eval", row)
 
