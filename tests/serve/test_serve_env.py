@@ -136,6 +136,49 @@ def test_metadata_schema_and_metrics(served):
         assert name in text, name
 
 
+def _scrape(url) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", headers=_auth()).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_show_the_scheduler_of_served_episodes(served):
+    """Served episodes run under the scheduler: its series are on /metrics beside the sessions', and
+    a real episode moves them (submitted, running, its tool and verifier runs in execution slots,
+    ended done with its time per stage)."""
+    url, tasks, _ = served
+    before = _scrape(url)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return _scrape(url).get(key, 0.0) - before.get(key, 0.0)
+
+    assert before[("tryloop_scheduler_admission_limit", ())] == 2.0       # serve.env.max_sessions
+    # the execution slots: scheduler.capacity.execution_slots (the CPU count by default)
+    assert before[("tryloop_scheduler_capacity_limit", (("name", "local"), ("resource", "execution")))] >= 1
+    with EnvClient(url, token=TOKEN) as env:
+        env.reset(tasks[0].id)
+        assert delta("tryloop_scheduler_submitted_total") == 1
+        assert _scrape(url)[("tryloop_scheduler_in_flight", (("stage", "running"),))] == 1
+        r = env.step(_answer(tasks[0]))
+        assert r.done and r.verdict["state"] == "pass"
+    assert delta("tryloop_scheduler_finished_total", state="done") == 1
+    for stage in ("running", "verifying", "total"):
+        assert delta("tryloop_scheduler_stage_seconds_count", stage=stage) == 1, stage
+    # the write tool call and the verifier each held an execution slot
+    assert delta("tryloop_scheduler_capacity_wait_seconds_count", resource="execution") >= 2
+    assert delta("tryloop_serve_verdicts_total", state="pass") == 1
+    assert _scrape(url)[("tryloop_scheduler_in_flight", (("stage", "running"),))] == 0
+    # a session closed before its end is a cancelled episode of the scheduler
+    with httpx.Client(base_url=url, headers=_auth(), timeout=60) as http:
+        sid = http.post("/reset", json={"task_id": tasks[1].id}).json()["observation"]["session_id"]
+        assert http.post("/close", json={"session_id": sid}).status_code == 200
+    assert _wait_for(lambda: delta("tryloop_scheduler_finished_total", state="cancelled") == 1)
+    assert delta("tryloop_scheduler_submitted_total") == 2
+
+
 def test_http_episode_and_bad_input(served):
     url, tasks, tmp = served
     task = tasks[0]

@@ -221,9 +221,14 @@ def run(cfg: TryloopConfig, *, sessions: int, steps: int, verify: int, out: Path
                                                 "idle_timeout_s": 600.0,
                                                 "limits": cfg.serve.env.limits.model_copy(
                                                     update={"max_turns": steps + 2})})
+        # The server's scheduler bounds tool runs at scheduler.capacity.execution_slots (default: the
+        # CPU count); unset, the bench lifts it to `sessions`, as unbounded as the in-process side.
+        cap = cfg.scheduler.capacity
+        sched = cfg.scheduler.model_copy(update={"capacity": cap.model_copy(update={
+            "execution_slots": cap.execution_slots or sessions})})
         # Tasks and recorded episodes live in the temporary directory: nothing is left behind.
         bcfg = cfg.model_copy(update={
-            "serve": cfg.serve.model_copy(update={"env": scfg}),
+            "serve": cfg.serve.model_copy(update={"env": scfg}), "scheduler": sched,
             "tasks": cfg.tasks.model_copy(update={"store_url": str(Path(tmp) / "tasks")}),
             "store": cfg.store.model_copy(update={"trajectories_url": str(Path(tmp) / "trajectories")})})
         with console.status(f"served: {sessions} sessions at once ..."):

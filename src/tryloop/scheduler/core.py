@@ -785,6 +785,13 @@ class Scheduler(Generic[R]):
         self._background.append(task)
         task.add_done_callback(self._background.remove)
 
+    def refresh_metrics(self) -> None:
+        """Bring the gauges (queue depth, in flight per stage, admission limit, capacity) up to now;
+        they are otherwise refreshed when work is dispatched and on each admission round. A
+        /metrics handler calls this before it renders the registry."""
+        if self._state == "running":
+            self._refresh_gauges(capacity=True)
+
     def _refresh_gauges(self, *, capacity: bool = False) -> None:
         m = self.metrics
         if capacity:

@@ -3,7 +3,7 @@
     GET  /health     liveness and load (no auth)
     GET  /metadata   what is served: the environment, its tasks, the limits
     GET  /schema     JSON schemas of the action, the observation and the state
-    GET  /metrics    Prometheus metrics: sessions, pools, request and verifier latency
+    GET  /metrics    Prometheus metrics: sessions, pools, the episodes' scheduler, request and verifier latency
     WS   /ws         one episode per connection: {"type": "reset" | "step" | "state" | "close", "data": ...}
     POST /reset      opens an episode over HTTP; its observation carries the session_id
     POST /step       {"session_id", "action"}
@@ -61,8 +61,9 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
 
             store = TrajectoryStore(cfg.store.trajectories_url)
         mgr = SessionManager(scfg, tasks, envs, spec=cfg.rewards.spec, registry=registry, store=store,
-                             run_id=scfg.run_id or f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
-        mgr.start()
+                             run_id=scfg.run_id or f"serve-{time.strftime('%Y%m%d-%H%M%S')}",
+                             scheduler=cfg.scheduler)
+        await mgr.start()
         state["mgr"] = mgr
         try:
             yield
@@ -134,6 +135,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         return JSONResponse(p.schemas())
 
     async def metrics(request: Request) -> Response:
+        mgr().scheduler.refresh_metrics()      # its gauges as of this scrape
         return Response(generate_latest(mgr().registry), media_type=CONTENT_TYPE_LATEST)
 
     async def reset(request: Request) -> Response:

@@ -10,12 +10,25 @@ The manager bounds the sessions open at once, closes those whose client went qui
 (`idle_timeout_s`) or disconnected and did not come back (`disconnect_grace_s`), and counts what
 happens in Prometheus metrics. Closing a session cancels its episode; the episode's own cleanup
 releases the sandbox to its pool.
+
+Each episode runs under a scheduler (tryloop.scheduler), as `tryloop eval`'s do, made from the
+`scheduler:` section by `serve_scheduler_config`: its execution capacity bounds the tool and
+verifier runs of all sessions together, its `timeouts.verification_s` and (raised to cover the
+session's own time limit) `timeouts.episode_s` apply, an episode that fails for the
+infrastructure's sake ends with its typed failure, and its metrics (`tryloop_scheduler_*`) are
+served on /metrics with the sessions'. What cannot apply to an episode whose policy is a client
+is switched off there: retries (the client has seen the turns a retry would replay), the turn
+time limit and the inference permits (a turn waits for the client, whose pace is
+`idle_timeout_s`'s to judge, not for an inference service the scheduler protects), adaptive
+admission (the limit is `max_sessions`, which the server enforces by refusing), the journal and
+the Ray engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -29,9 +42,46 @@ from tryloop.agent.policy import Action, TokenLog
 from tryloop.agent.profiles import profile_for
 from tryloop.agent.trajectory import Observation, Trajectory
 from tryloop.rewards.spec import RewardSpec
+from tryloop.scheduler.config import SchedulerConfig
+from tryloop.scheduler.core import Scheduler
+from tryloop.scheduler.request import EpisodeRequest as ScheduledEpisode
 from tryloop.serve import protocol as p
 from tryloop.serve.config import ServeEnvConfig
 from tryloop.tasks.model import Task
+
+
+def serve_scheduler_config(base: SchedulerConfig, cfg: ServeEnvConfig) -> SchedulerConfig:
+    """The scheduler of served episodes: `base` (the `scheduler:` section) less what cannot apply
+    to an episode whose policy is a remote client (see the module doc)."""
+    t = base.timeouts
+    n = cfg.max_sessions
+    episode_s = t.episode_s
+    if episode_s is not None:   # never before the session's own limit and a verification after it
+        episode_s = max(episode_s, cfg.limits.wall_time_s + (t.verification_s or 0.0) + 60.0)
+    return base.model_copy(update={
+        "engine": "local", "journal": None, "local_hosts": None, "max_queued": max(base.max_queued, n),
+        "timeouts": t.model_copy(update={"turn_s": None, "episode_s": episode_s}),
+        "retry": base.retry.model_copy(update={"max_retries": 0, "verifier_retries": 0}),
+        "admission": base.admission.model_copy(update={"adaptive": False, "initial": n, "min": 1, "max": n})})
+
+
+class _ExecutionOnly:
+    """A scheduler context's capacity for a served episode: its execution slots around tool and
+    verifier runs; a turn's wait for the client holds no inference permit."""
+
+    def __init__(self, capacity: Any):
+        self._capacity = capacity
+
+    def inference(self, endpoint: str = "default") -> contextlib.AbstractAsyncContextManager:
+        return contextlib.nullcontext()
+
+    def execution(self) -> contextlib.AbstractAsyncContextManager:
+        return self._capacity.execution()
+
+
+class EpisodeFailed(Exception):
+    """A served episode the scheduler ended without a trajectory (its typed failure)."""
+
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -112,7 +162,7 @@ class Session:
     async def _run(self, req: EpisodeRequest) -> None:
         m = self.manager
         try:
-            traj = await run_episode(req, _ClientPolicy(self.turns), m.envs, limits=m.limits, spec=m.spec)
+            traj = await m.run(self, req)
             if m.store is not None:   # durable before the client hears the verdict, as in eval
                 await asyncio.to_thread(m.store.write, [traj])
         except asyncio.CancelledError:
@@ -175,9 +225,10 @@ class SessionManager:
 
     def __init__(self, cfg: ServeEnvConfig, tasks: list[Task], envs: Environments, *,
                  spec: RewardSpec | None = None, registry: CollectorRegistry | None = None,
-                 store: Any = None, run_id: str = "serve"):
+                 store: Any = None, run_id: str = "serve", scheduler: SchedulerConfig | None = None):
         """`store`: a TrajectoryStore that judged episodes are written to (None: not recorded),
-        filed under `run_id`."""
+        filed under `run_id`. `scheduler`: the `scheduler:` section the episodes' scheduler is
+        made from (serve_scheduler_config); its metrics go to `registry` too."""
         if not tasks:
             raise ValueError("no tasks to serve")
         self.cfg = cfg
@@ -194,9 +245,13 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self._open = 0          # sessions whose episode still runs: what max_sessions bounds
         self._reaper: asyncio.Task | None = None
+        self.scheduler: Scheduler[Trajectory] = Scheduler(
+            self._runner, serve_scheduler_config(scheduler or SchedulerConfig(), cfg), registry=self.registry)
+        self._runs: dict[str, tuple[Session, EpisodeRequest]] = {}   # scheduler id (session id) -> episode
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
+    async def start(self) -> None:
+        await self.scheduler.start()
         self._reaper = asyncio.ensure_future(self._reap_forever())
 
     async def aclose(self) -> None:
@@ -206,6 +261,39 @@ class SessionManager:
                 await self._reaper
         for s in list(self.sessions.values()):
             await self.close(s, "shutdown")
+        await self.scheduler.close(grace_s=0)
+
+    # -- episodes, through the scheduler ---------------------------------------------------------
+    async def _runner(self, sreq: ScheduledEpisode, ctx: Any) -> Trajectory:
+        from tryloop.eval.scheduled import hooks
+
+        s, req = self._runs[sreq.id]
+        h = dataclasses.replace(hooks(ctx), capacity=_ExecutionOnly(ctx.capacity))
+        return await run_episode(req, _ClientPolicy(s.turns), self.envs, limits=self.limits, spec=self.spec,
+                                 hooks=h)
+
+    async def run(self, s: Session, req: EpisodeRequest) -> Trajectory:
+        """Session `s`'s episode, run by the scheduler (under the session's id: a client's
+        episode_id need not be unique); cancelled with the calling task."""
+        sched = self.scheduler
+        self._runs[s.id] = (s, req)
+        try:
+            await sched.submit(ScheduledEpisode(s.id, s.task.id))
+            outcome = await sched.wait(s.id)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await sched.cancel(s.id)
+            raise
+        finally:
+            self._runs.pop(s.id, None)
+            with contextlib.suppress(Exception):
+                if sched.outcome(s.id) is not None:
+                    sched.forget(s.id)     # the trajectory lives in the store, not in the scheduler
+        if not outcome.ok:
+            f = outcome.failure
+            raise EpisodeFailed(f"{f.kind.value} failure ({f.type}): {f.reason}" if f is not None
+                                else f"episode {outcome.state.value}")
+        return outcome.result
 
     # -- sessions ------------------------------------------------------------------------------
     def pick(self, req: p.ResetRequest) -> Task:

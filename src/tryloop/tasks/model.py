@@ -320,7 +320,7 @@ class Task:
         m = self.meta
         doc = dict(self._harbor)
         doc["schema_version"] = "1.1"
-        doc["task"] = {**doc.get("task", {}), "name": m.id, "description": m.description or m.id,
+        doc["task"] = {**doc.get("task", {}), "name": harbor_name(m.id), "description": m.description or m.id,
                        "keywords": m.tags}
         md = dict(doc.get("metadata", {}))
         md.update({"difficulty": m.tier or "unknown", "category": "programming",
@@ -328,8 +328,9 @@ class Task:
         doc["metadata"] = md
         doc["verifier"] = {**doc.get("verifier", {}), "timeout_sec": m.test_timeout_s}
         doc["agent"] = {**doc.get("agent", {}), "timeout_sec": m.agent_timeout_s}
-        doc["environment"] = {**doc.get("environment", {}), "cpus": m.cpus, "memory_mb": m.memory_mb,
-                              "allow_internet": m.network}
+        env = _harbor_environment(doc.get("environment", {}))
+        doc["environment"] = {**env, "cpus": m.cpus, "memory_mb": m.memory_mb,
+                              "network_mode": "public" if m.network else "no-network"}
         self._harbor = doc
         tmp = self.root / ".task.toml.tmp"
         tmp.write_text(tomli_w.dumps(doc))
@@ -350,6 +351,34 @@ def _drop_none(d: Any) -> Any:
     return d
 
 
+def _harbor_environment(env: dict[str, Any]) -> dict[str, Any]:
+    """A Harbor [environment] section without the fields Harbor deprecated (and warns about):
+    `allow_internet` and `memory` (ours are written as network_mode and memory_mb), `storage`
+    (as storage_mb)."""
+    out = {k: v for k, v in env.items() if k not in ("allow_internet", "memory", "storage")}
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG])\s*", str(env.get("storage", "")).upper())
+    if m and "storage_mb" not in out:
+        out["storage_mb"] = int(float(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024}[m.group(2)])
+    return out
+
+
+def harbor_name(task_id: str) -> str:
+    """The task's name in Harbor's [task] section, which must be `org/name` (exactly one slash):
+    an id with one slash is kept, `calc` becomes `tryloop/calc`, `a/b/c` becomes `a/b__c`."""
+    org, _, rest = task_id.partition("/")
+    return f"{org}/{rest.replace('/', '__')}" if rest else f"tryloop/{org}"
+
+
+def harbor_network(env: dict[str, Any]) -> bool:
+    """Whether a Harbor [environment] section allows the network: `network_mode` ("public",
+    "allowlist": yes; "no-network": no), else the deprecated `allow_internet`; with neither,
+    no (Harbor's own default is "public", tryloop's sandboxes are offline unless a task asks)."""
+    mode = env.get("network_mode")
+    if isinstance(mode, str):
+        return mode != "no-network"
+    return bool(env.get("allow_internet"))
+
+
 def meta_from_harbor(root: Path, doc: dict[str, Any]) -> dict[str, Any]:
     """A plain Harbor task (no [metadata.tryloop]): derive what we can."""
     name = doc.get("task", {}).get("name") or root.name
@@ -360,6 +389,6 @@ def meta_from_harbor(root: Path, doc: dict[str, Any]) -> dict[str, Any]:
         "id": f"harbor/{slug}", "family": slug, "project": slug, "source": "harbor",
         "description": doc.get("task", {}).get("description", ""), "tier": tier,
         "tags": list(md.get("tags", []) or doc.get("task", {}).get("keywords", [])),
-        "test_command": "bash /tests/test.sh", "network": bool(doc.get("environment", {}).get("allow_internet")),
+        "test_command": "bash /tests/test.sh", "network": harbor_network(doc.get("environment", {})),
         "test_timeout_s": float(doc.get("verifier", {}).get("timeout_sec", 120.0)),
     }

@@ -5,7 +5,9 @@ A tryloop task already has Harbor's layout (see tryloop.tasks.model), so
 there: `environment/Dockerfile` copies `workspace/` to /workspace,
 `tests/test.sh` lays the hidden tests over /workspace and runs the test command
 (writing /logs/verifier/reward.txt), `solution/solve.sh` lays the reference
-files over /workspace. Nothing that decides grading changes, so
+files over /workspace; task.toml is written anew in the form the `harbor`
+package's loader reads without a warning (tests/tasks/test_harbor_package.py
+checks the export with it). Nothing that decides grading changes, so
 `Task.load(export_harbor(task, d)).fingerprint() == task.fingerprint()`.
 
 `import_harbor` reads a plain Harbor task (a task.toml without
@@ -263,6 +265,12 @@ def _rewrite_files(files: dict[str, bytes], rewrite, changed: list[str], prefix:
     return out
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    """read_files without Python's byte-code caches (a task fresh from a package has them)."""
+    return {rel: data for rel, data in read_files(root).items()
+            if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc")}
+
+
 def _memory_mb(env: dict[str, Any]) -> int | None:
     if isinstance(env.get("memory_mb"), int | float):
         return int(env["memory_mb"])
@@ -291,6 +299,8 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
             shutil.rmtree(dest)
         shutil.copytree(src, dest, symlinks=True)
         return Task.load(dest)
+    if doc.get("steps"):
+        raise SourceError(f"{src}: multi-step Harbor tasks ([[steps]]) are not supported")
     try:
         instruction = (src / "instruction.md").read_text()
     except FileNotFoundError:
@@ -305,7 +315,7 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
     workdir = _final_workdir(instrs)
     notes = [f"RUN not executed in the sandbox: {args}" for word, args in instrs if word == "RUN"]
     if (env / "workspace").is_dir():
-        workspace = read_files(env / "workspace")
+        workspace = _files(env / "workspace")
         kept = [f"{w} {a}" for w, a in instrs if w in ("COPY", "ADD")
                 and not re.match(r"^(--\S+\s+)*\.?/?workspace/?\s", a)]
         mapping_source = "environment/workspace/"
@@ -316,7 +326,7 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
             workspace = {rel: path.read_bytes() for rel, path in copied.items()}
             mapping_source = "Dockerfile COPY"
         else:
-            workspace = {rel: data for rel, data in read_files(env).items() if rel not in _CONTEXT_SKIP}
+            workspace = {rel: data for rel, data in _files(env).items() if rel not in _CONTEXT_SKIP}
             mapping_source = "environment/ files"
     mapping = {"/tests": f"/workspace/{HARBOR_TESTS}", "/solution": f"/workspace/{HARBOR_SOLUTION}",
                "/logs": HARBOR_LOGS}
@@ -325,8 +335,8 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
     rewrite = _rewriter(mapping)
     changed: list[str] = []
     workspace = _rewrite_files(workspace, rewrite, changed, "workspace/")
-    tests = _rewrite_files(read_files(src / "tests"), rewrite, changed, "tests/")
-    solution = _rewrite_files(read_files(src / "solution"), rewrite, changed, "solution/")
+    tests = _rewrite_files(_files(src / "tests"), rewrite, changed, "tests/")
+    solution = _rewrite_files(_files(src / "solution"), rewrite, changed, "solution/")
     hidden = {f"{HARBOR_TESTS}/{rel}": data for rel, data in tests.items()}
     hidden[VERIFY_SCRIPT] = _VERIFY_SH.encode()
     has_solve = "solve.sh" in solution
@@ -334,6 +344,11 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
     if not has_solve and solution:
         notes.append("solution/ has no solve.sh: no reference solution imported")
 
+    verifier = dict(doc.get("verifier", {}))
+    if verifier.pop("environment_mode", None) == "separate" or verifier.pop("environment", None) is not None:
+        notes.append("verifier environment_mode = separate: the tests run in the task's own sandbox "
+                     "(tests/Dockerfile and [verifier.environment] are not built)")
+    verifier.pop("environment", None)
     fields = meta_from_harbor(src, doc)
     hw = doc.get("environment", {})
     fields.update(
@@ -355,7 +370,7 @@ def import_harbor(src: str | Path, dest: str | Path) -> Task:
         raise SourceError(f"{src}/task.toml: {e}") from None
     task = Task.create(dest, meta, instruction, workspace=workspace, tests=hidden, solution=reference)
     # Keep the task's own Harbor sections (authors, keywords...); ours are laid over them.
-    task._harbor = {k: v for k, v in doc.items() if k != "version"}
+    task._harbor = {k: v for k, v in doc.items() if k != "version"} | {"verifier": verifier}
     task.save_meta()
     (dest / "environment" / "Dockerfile").write_text(_tryloop_dockerfile(instrs, kept, rewrite))
     for line in kept:  # COPYs left as they were need their sources in the build context
@@ -460,4 +475,7 @@ def export_harbor(task: Task, dest: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o755)
+    # task.toml written anew: a task stored before (with Harbor's deprecated allow_internet, say)
+    # exports as today's Harbor reads it; nothing that decides grading is in the Harbor sections
+    Task.load(dest).save_meta()
     return dest
