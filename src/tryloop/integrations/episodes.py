@@ -5,27 +5,33 @@ episodes in real sandboxes and has the verifier judge them.
 `get_judge()` makes it on first use from the YAML file named by ``TRYLOOP_CONFIG`` (or the
 defaults), `close()` releases its sandboxes. `Judge.judge` plays a reply as the one turn of an
 episode (verl's reward function, TRL's reward function); `Judge.judge_many` plays a batch of them
-concurrently; `Judge.submit` runs any coroutine on the judge's loop (TRL's multi-turn environment
-drives `run_episode` through it).
+concurrently; `Judge.submit` runs any coroutine on the judge's loop. `LiveEpisode` is an episode
+on that loop driven one action at a time from outside (TRL's and SkyRL's multi-turn
+environments); `task_prompts` gives the store's tasks with the conversation an episode opens with
+(the datasets of the integrations).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from tryloop.agent.chat import parse_tool_calls
 from tryloop.agent.config import EpisodeLimits
 from tryloop.agent.policy import Action, TokenLog
 from tryloop.agent.profiles import profile_for
-from tryloop.agent.trajectory import Observation, Trajectory
+from tryloop.agent.tools import SUBMIT
+from tryloop.agent.trajectory import Observation, ToolCall, Trajectory
 from tryloop.config import TryloopConfig, load_yaml
 from tryloop.errors import TryloopError
 
-__all__ = ["Judge", "close", "get_judge", "verdict_of"]
+__all__ = ["Judge", "LiveEpisode", "close", "get_judge", "open_store", "parse_action", "task_prompts",
+           "verdict_of"]
 
 
 class Reply:
@@ -53,6 +59,15 @@ class _ReplySession:
         parsed = parse_tool_calls(self.text, shell_tool="shell", known_tools=self.tool_names)
         self.messages.append({"role": "assistant", "content": self.text})
         return Action(self.text, parsed.calls)
+
+
+def parse_action(text: str, tool_names: list[str], turn: int) -> Action:
+    """A model's reply as an episode's action, parsed as tryloop's model policies parse theirs
+    (``<tool_call>`` JSON, fenced shell blocks; what does not parse is the action's parse error)."""
+    parsed = parse_tool_calls(text, shell_tool="shell", known_tools=tool_names)
+    for i, c in enumerate(parsed.calls):
+        c.id = f"call_{turn}_{i}"
+    return Action(text, parsed.calls, "; ".join(e.message for e in parsed.errors) or None)
 
 
 def verdict_of(traj: Trajectory) -> dict[str, Any]:
@@ -135,6 +150,130 @@ class Judge:
             await self.envs.runtime.close_all()
         self.call(_close())
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Bridge:
+    """A policy whose actions come from outside (a trainer's generations), one action each."""
+
+    version = "external"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.actions: asyncio.Queue[Action] = asyncio.Queue()
+        self.results: asyncio.Queue[list[Observation]] = asyncio.Queue()
+
+    def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> Bridge:
+        self.tokens = TokenLog(source="unavailable")
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
+        return self
+
+    async def act(self, observations: list[Observation] | None) -> Action:
+        if observations is not None:
+            for o in observations:
+                self.messages.append({"role": "tool", "name": o.name, "content": o.content})
+            self.results.put_nowait(observations)
+        action = await self.actions.get()
+        message: dict[str, Any] = {"role": "assistant", "content": action.text}
+        if action.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in action.tool_calls]
+        self.messages.append(message)
+        return action
+
+
+class LiveEpisode:
+    """One `run_episode` on the judge's loop whose policy is fed from outside, action by action.
+
+    Made on the judge's loop (``judge.call(...)`` of a coroutine that makes it). `act` hands the
+    episode one action and returns the observations its tool calls produced, or None once the
+    episode has ended (the action submitted, the turn limit or a timeout was reached); `finish`
+    submits what is left and returns the judged trajectory; `abandon` cancels the episode and
+    releases its sandbox.
+    """
+
+    def __init__(self, judge: Judge, fingerprint: str, limits: EpisodeLimits, *, prefix: str, run_id: str,
+                 policy_name: str):
+        from tryloop.agent.episode import EpisodeRequest, run_episode
+
+        self.judge = judge
+        self.task = judge.task(fingerprint)
+        self.bridge = Bridge(policy_name)
+        self.submitted = False
+        self.episode_id = judge.episode_id(prefix)
+        req = EpisodeRequest(episode_id=self.episode_id, task=self.task, run_id=run_id)
+        self.episode = asyncio.ensure_future(run_episode(req, self.bridge, judge.envs, limits=limits,
+                                                         spec=judge.cfg.rewards.spec))
+
+    @property
+    def ended(self) -> bool:
+        return self.episode.done() or self.submitted
+
+    def send(self, action: Action) -> None:
+        """Queue `action` without waiting for its observations."""
+        self.submitted = self.submitted or any(c.name == SUBMIT for c in action.tool_calls)
+        self.bridge.actions.put_nowait(action)
+
+    async def act(self, action: Action) -> list[Observation] | None:
+        if self.ended:
+            return None
+        self.send(action)
+        result = asyncio.ensure_future(self.bridge.results.get())
+        await asyncio.wait({result, self.episode}, return_when=asyncio.FIRST_COMPLETED)
+        if not result.done():
+            result.cancel()
+            return None
+        return result.result()
+
+    def termination(self) -> str:
+        if not self.episode.done():
+            return "running"
+        if self.episode.cancelled() or self.episode.exception() is not None:
+            return "error"
+        return self.episode.result().termination
+
+    async def finish(self) -> Trajectory:
+        if not self.ended:
+            self.send(Action("", [ToolCall(SUBMIT, {}, "external-submit")]))
+        return await self.episode
+
+    async def abandon(self) -> None:
+        if not self.episode.done():
+            self.episode.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):   # an abandoned episode's end is moot
+                await self.episode
+
+
+def open_store(store: Any = None):
+    """`store` as a `TaskStore`: one, its URL, or None for the configuration's (``TRYLOOP_CONFIG``)."""
+    from tryloop.tasks.store import TaskStore
+
+    if store is None:
+        path = os.environ.get("TRYLOOP_CONFIG")
+        store = (load_yaml(path) if path else TryloopConfig()).tasks.store_url
+    return store if isinstance(store, TaskStore) else TaskStore(store)
+
+
+def task_prompts(store: Any = None, *, split: str | None = None, source: str | None = None,
+                 family: str | None = None, tags: Iterable[str] = (), limit: int | None = None,
+                 max_turns: int = 1) -> list[tuple[Any, list[dict[str, str]]]]:
+    """The store's tasks (newest version of each, filtered like `TaskStore.query`), each as its
+    store entry and the conversation an episode of `max_turns` turns opens with (system prompt,
+    then the task's instruction), exactly what `run_episode` gives a policy."""
+    from tryloop.agent.episode import system_prompt
+
+    store = open_store(store)
+    entries = store.query(source=source, family=family, tags=tags, split=split)
+    if limit is not None:
+        entries = entries[:limit]
+    out = []
+    for e in entries:
+        task = store.get(e.fingerprint)
+        out.append((e, [{"role": "system", "content": system_prompt(task, max_turns=max_turns)},
+                        {"role": "user", "content": task.instruction}]))
+    if not out:
+        raise ValueError(f"no task in {store.url} matches split={split!r} source={source!r} family={family!r}")
+    return out
 
 
 async def _on_loop(make: Any) -> Any:

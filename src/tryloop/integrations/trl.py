@@ -29,29 +29,24 @@ the reward is made (`rewards.spec`); one judge per process (tryloop.integrations
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 
 from tryloop.agent.config import EpisodeLimits
-from tryloop.agent.policy import Action, TokenLog
+from tryloop.agent.policy import Action
 from tryloop.agent.tools import SUBMIT
-from tryloop.agent.trajectory import Observation, ToolCall, Trajectory
-from tryloop.config import TryloopConfig, load_yaml
-from tryloop.integrations.episodes import Judge, close, get_judge, verdict_of
+from tryloop.agent.trajectory import ToolCall, Trajectory
+from tryloop.integrations.episodes import (
+    Judge,
+    LiveEpisode,
+    close,
+    get_judge,
+    task_prompts,
+    verdict_of,
+)
 
 __all__ = ["TryloopEnv", "TryloopReward", "close", "task_dataset", "tool_chat_template"]
-
-
-def _store(store: Any):
-    from tryloop.tasks.store import TaskStore
-
-    if store is None:
-        path = os.environ.get("TRYLOOP_CONFIG")
-        store = (load_yaml(path) if path else TryloopConfig()).tasks.store_url
-    return store if isinstance(store, TaskStore) else TaskStore(store)
 
 
 def task_dataset(store: Any = None, *, split: str | None = None, source: str | None = None,
@@ -67,23 +62,14 @@ def task_dataset(store: Any = None, *, split: str | None = None, source: str | N
     """
     from datasets import Dataset
 
-    from tryloop.agent.episode import system_prompt
-
-    store = _store(store)
-    entries = store.query(source=source, family=family, tags=tags, split=split)
-    if limit is not None:
-        entries = entries[:limit]
     rows: dict[str, list] = {"prompt": [], "task_fingerprint": [], "task_id": [], "source": [], "split": []}
-    for e in entries:
-        task = store.get(e.fingerprint)
-        rows["prompt"].append([{"role": "system", "content": system_prompt(task, max_turns=max_turns)},
-                               {"role": "user", "content": task.instruction}])
+    for e, prompt in task_prompts(store, split=split, source=source, family=family, tags=tags, limit=limit,
+                                  max_turns=max_turns):
+        rows["prompt"].append(prompt)
         rows["task_fingerprint"].append(e.fingerprint)
         rows["task_id"].append(e.id)
         rows["source"].append(e.meta.source or "")
         rows["split"].append(e.meta.split or "")
-    if not rows["prompt"]:
-        raise ValueError(f"no task in {store.url} matches split={split!r} source={source!r} family={family!r}")
     return Dataset.from_dict(rows)
 
 
@@ -171,79 +157,19 @@ def _finish_all(environments: list) -> list[Trajectory | None]:
 # --- the multi-turn environment -------------------------------------------------------------------
 
 
-class _Bridge:
-    """A policy whose actions come from outside: TRL's tool calls, one action each."""
-
-    name = "trl-environment"
-    version = "external"
-
-    def __init__(self) -> None:
-        self.actions: asyncio.Queue[Action] = asyncio.Queue()
-        self.results: asyncio.Queue[list[Observation]] = asyncio.Queue()
-
-    def session(self, system: str, instruction: str, *, seed: int = 0, task=None) -> _Bridge:
-        self.tokens = TokenLog(source="unavailable")
-        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
-        return self
-
-    async def act(self, observations: list[Observation] | None) -> Action:
-        if observations is not None:
-            for o in observations:
-                self.messages.append({"role": "tool", "name": o.name, "content": o.content})
-            self.results.put_nowait(observations)
-        action = await self.actions.get()
-        self.messages.append({"role": "assistant", "content": action.text,
-                              "tool_calls": [{"id": c.id, "type": "function",
-                                              "function": {"name": c.name, "arguments": c.arguments}}
-                                             for c in action.tool_calls]})
-        return action
-
-
-class _Run:
-    """One episode on the judge's loop, driven action by action."""
-
-    def __init__(self, judge: Judge, fingerprint: str, limits: EpisodeLimits):
-        from tryloop.agent.episode import EpisodeRequest, run_episode
-
-        self.judge = judge
-        self.bridge = _Bridge()
-        self.submitted = False
-        req = EpisodeRequest(episode_id=judge.episode_id("trl-env"), task=judge.task(fingerprint), run_id="trl")
-        self.episode = asyncio.ensure_future(run_episode(req, self.bridge, judge.envs, limits=limits,
-                                                         spec=judge.cfg.rewards.spec))
-
-    async def step(self, call: ToolCall) -> str:
-        if self.episode.done() or self.submitted:
-            return "error: the episode has ended; nothing more runs"
-        text = "<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments}) + "</tool_call>"
-        if call.name == SUBMIT:
-            self.submitted = True
-            self.bridge.actions.put_nowait(Action(text, [call]))
-            return "Submitted: your changes will be tested."
-        self.bridge.actions.put_nowait(Action(text, [call]))
-        result = asyncio.ensure_future(self.bridge.results.get())
-        await asyncio.wait({result, self.episode}, return_when=asyncio.FIRST_COMPLETED)
-        if not result.done():
-            result.cancel()
-            return f"error: the episode has ended ({self._termination()}); nothing more runs"
-        return "\n".join(o.content for o in result.result()) or "(no output)"
-
-    def _termination(self) -> str:
-        if self.episode.cancelled() or self.episode.exception() is not None:
-            return "error"
-        return self.episode.result().termination
-
-    async def finish(self) -> Trajectory:
-        if not self.episode.done() and not self.submitted:
-            self.submitted = True
-            self.bridge.actions.put_nowait(Action("", [ToolCall(SUBMIT, {}, "trl-submit")]))
-        return await self.episode
-
-    async def abandon(self) -> None:
-        if not self.episode.done():
-            self.episode.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):   # an abandoned episode's end is moot
-                await self.episode
+async def _step(run: LiveEpisode, call: ToolCall) -> str:
+    """One TRL tool call as one action of the episode; what the model sees back."""
+    if run.ended:
+        return "error: the episode has ended; nothing more runs"
+    action = Action("<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments}) + "</tool_call>",
+                    [call])
+    if call.name == SUBMIT:   # the verdict is TryloopReward's to wait for, the batch's at once
+        run.send(action)
+        return "Submitted: your changes will be tested."
+    observations = await run.act(action)
+    if observations is None:
+        return f"error: the episode has ended ({run.termination()}); nothing more runs"
+    return "\n".join(o.content for o in observations) or "(no output)"
 
 
 class TryloopEnv:
@@ -261,7 +187,7 @@ class TryloopEnv:
     def __init__(self, *, limits: EpisodeLimits | None = None, judge: Judge | None = None):
         self.limits = limits or EpisodeLimits(max_turns=32, turn_timeout_s=3600.0, wall_time_s=7200.0)
         self._judge = judge or get_judge()
-        self._run: _Run | None = None
+        self._run: LiveEpisode | None = None
 
     def reset(self, task_fingerprint: str | None = None, **_: Any) -> None:
         if task_fingerprint is None:
@@ -269,10 +195,11 @@ class TryloopEnv:
         self._judge.task(task_fingerprint)
         previous, judge, limits = self._run, self._judge, self.limits
 
-        async def _start() -> _Run:
+        async def _start() -> LiveEpisode:
             if previous is not None:
                 await previous.abandon()
-            return _Run(judge, str(task_fingerprint), limits)
+            return LiveEpisode(judge, str(task_fingerprint), limits, prefix="trl-env", run_id="trl",
+                               policy_name="trl-environment")
         self._run = judge.call(_start())
         return None
 
@@ -280,7 +207,7 @@ class TryloopEnv:
         if self._run is None:
             return "error: no episode (reset was not called)"
         args = {k: v for k, v in arguments.items() if v is not None}
-        return self._judge.call(self._run.step(ToolCall(name, args, f"trl-{name}")))
+        return self._judge.call(_step(self._run, ToolCall(name, args, f"trl-{name}")))
 
     def shell(self, command: str) -> str:
         """Run a bash command in /workspace and return its exit code and output.
