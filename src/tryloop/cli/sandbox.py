@@ -47,7 +47,7 @@ def doctor(
     table.add_column("check")
     table.add_column("status")
     table.add_column("detail")
-    results = checks(cfg.runtime)
+    results = checks(cfg.runtime, probe_build_network=True)
     for c in results:
         status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]absent[/]")
         detail = c.detail + (f" — {c.fix}" if not c.ok and c.fix else "")
