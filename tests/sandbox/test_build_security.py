@@ -384,7 +384,8 @@ async def test_no_capabilities_without_a_user_namespace(runtime_config, tmp_path
 
 # The escape tests every sandbox passes, run against a sandbox whose commands run as root with
 # the build capabilities (as a RUN step's do) on the host-derived root: host binds and all, the
-# worst case a build could meet. Network aside (a build step's is the host's while it runs).
+# worst case a build could meet. Network aside: a networked step's is filtered (buildnet.py), tested
+# by test_build_network_reaches_no_host_or_link_local_address and test_buildnet.py.
 # Five tests of the suite assume an unprivileged agent and so do not apply as they are (root may
 # write its own /etc/passwd, list its own /root and write into the image's empty /sys directory,
 # all in its writable layer; setuid binaries cannot make it more than root; kill -1 also reaches
