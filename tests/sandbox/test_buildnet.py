@@ -177,3 +177,36 @@ def _host_resolves(name: str) -> bool:
         return True
     except OSError:
         return False
+
+
+LISTEN = "import socket; s = socket.create_server(('0.0.0.0', 8081)); print('up', flush=True); s.accept()[0].sendall(b'x')"
+CONNECT = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 8081), 2); print('reached')\n"
+           "except OSError as e:\n    print('refused', e.errno)")
+
+
+async def test_build_networks_are_apart_and_have_no_ipv6(runtime, clean_host):
+    """Two sandboxes with build networks at once: each its own /30, neither reaches the
+    other; no IPv6 address in either."""
+    from tryloop.config import SandboxConfig
+
+    cfg = SandboxConfig(network=True, network_nat=True)
+    async with await runtime.create(None, cfg) as a, await runtime.create(None, cfg) as b:
+        assert a.netdev != b.netdev and {a.netdev, b.netdev} <= set(os.listdir("/sys/class/net"))
+        n = int(a.netdev[len(buildnet.PREFIX):])
+        a_addr = str(buildnet.POOL.network_address + 4 * n + 2)
+        server = await a.start(["python3", "-c", LISTEN])
+        await asyncio.sleep(1.0)
+        res = await a.exec(["python3", "-c", CONNECT, "127.0.0.1"])  # it listens: its own loopback reaches it
+        assert res.text().startswith("reached"), res.text() + res.text("stderr")
+        server = await a.start(["python3", "-c", LISTEN])
+        await asyncio.sleep(1.0)
+        res = await b.exec(["python3", "-c", CONNECT, a_addr])
+        assert res.text().startswith("refused"), res.text() + res.text("stderr")
+        res = await a.exec(["python3", "-c", CONNECT, a_addr])  # it was listening there
+        assert res.text().startswith("reached"), res.text() + res.text("stderr")
+        await server.wait()
+        for sb in (a, b):
+            res = await sb.exec("cat /proc/net/if_inet6; cat /proc/sys/net/ipv6/conf/all/disable_ipv6; ip -o addr "
+                                "2>/dev/null | grep -c inet6 || true")
+            assert res.text().split() in (["1", "0"], ["1"]), res.text() + res.text("stderr")
+    assert not {a.netdev, b.netdev} & set(os.listdir("/sys/class/net"))
