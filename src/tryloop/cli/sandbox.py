@@ -200,7 +200,8 @@ def gc(config: ConfigOpt = None, store_dir: StoreDir = None) -> None:
     for line in report.details:
         console.print(f"  {line}")
     console.print(f"gc: {report.records} record(s), {report.cgroups} cgroup(s), {report.processes} process(es), "
-                  f"{report.tmp_dirs} temp dir(s), {report.id_ranges} id range(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
+                  f"{report.tmp_dirs} temp dir(s), {report.id_ranges} id range(s), "
+                  f"{report.networks} build network item(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
 
 
 @app.command()
