@@ -42,8 +42,8 @@ def _host_state() -> dict:
     return {"devs": sorted(d for d in os.listdir("/sys/class/net") if d.startswith(buildnet.PREFIX)),
             "table": buildnet.TABLE in tables,
             "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
-            "forwarding": {d: (conf / d / "forwarding").read_text().strip() for d in os.listdir(conf)
-                           if not d.startswith(buildnet.PREFIX)},
+            "forwarding": {d: (conf / d / "forwarding").read_text().strip()
+                           for d in ("all", "default", *buildnet.uplinks())},
             "state": (buildnet.STATE_DIR / "state.json").exists()}
 
 
@@ -119,7 +119,11 @@ async def test_gc_reclaims_the_build_network_of_a_crashed_owner(build_runtime, c
     try:
         time.sleep(0.2)
         att = buildnet.attach(victim.pid)  # ... and the owner crashes without detaching
-        assert _host_state()["table"] and att.dev in os.listdir("/sys/class/net")
+        during = _host_state()
+        assert during["table"] and att.dev in during["devs"] and during["state"], during
+        if clean_host["ip_forward"] == "0":  # forwarding enabled on the uplinks only, while it runs
+            assert set(during["forwarding"].values()) == {"0", "1"}, during
+            assert all(during["forwarding"][d] == "1" for d in buildnet.uplinks()), during
         rec = {"id": "deadbeef0000", "owner_pid": victim.pid, "owner_start": 1, "cgroup": "deadbeef0000",
                "id_base": 0, "created": time.time(), "netdev": att.dev}
         (build_runtime.records_dir / "deadbeef0000.json").write_text(json.dumps(rec))
