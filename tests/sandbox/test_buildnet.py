@@ -214,3 +214,16 @@ async def test_build_networks_are_apart_and_have_no_ipv6(runtime, clean_host):
                                 "2>/dev/null | grep -c inet6 || true")
             assert res.text().split() in (["1", "0"], ["1"]), res.text() + res.text("stderr")
     assert not {a.netdev, b.netdev} & set(os.listdir("/sys/class/net"))
+
+
+def test_a_local_resolver_gives_way_to_its_upstream_or_is_refused(tmp_path):
+    """systemd-resolved's stub (127.0.0.53) is the host's own: a build step gets the
+    upstream servers resolved lists instead, and with none, a clear refusal."""
+    stub, upstream = tmp_path / "resolv.conf", tmp_path / "upstream.conf"
+    stub.write_text("nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch example.internal\n")
+    upstream.write_text("nameserver 169.254.169.253\nnameserver fe80::1\nnameserver 10.255.255.53\n"
+                        "nameserver 9.9.9.9\nsearch example.internal\n")
+    conf = buildnet.resolv_conf((str(stub), str(upstream))).decode()
+    assert conf == "search example.internal\nnameserver 10.255.255.53\nnameserver 9.9.9.9\n", conf
+    with pytest.raises(buildnet.BuildNetworkError, match="no nameserver a build can reach"):
+        buildnet.resolv_conf((str(stub), str(tmp_path / "absent.conf")))

@@ -241,9 +241,8 @@ def attach(init_pid: int, pool: ipaddress.IPv4Network = POOL) -> Attachment:
                 n = (start + k) % slots
                 base = pool.network_address + 4 * n
                 gw, addr = base + 1, base + 2
-                p = _run(["ip", "-batch", "-"],
-                         f"link add {PREFIX}{n} type veth peer name eth0 netns {init_pid}\n"
-                         f"addr add {gw}/30 dev {PREFIX}{n}\n")
+                p = _run(["ip", "link", "add", f"{PREFIX}{n}", "type", "veth", "peer", "name", "eth0",
+                          "netns", str(init_pid)])
                 if p.returncode == 0:
                     dev = f"{PREFIX}{n}"
                     break
@@ -254,9 +253,9 @@ def attach(init_pid: int, pool: ipaddress.IPv4Network = POOL) -> Attachment:
             with contextlib.suppress(FileNotFoundError):  # no IPv6 on the host's end
                 _sysctl(f"ipv6/conf/{dev}/disable_ipv6").write_text("1")
             _enable_forwarding(dev, state)
-            p = _run(["ip", "link", "set", dev, "up"])
+            p = _run(["ip", "-batch", "-"], f"addr add {gw}/30 dev {dev}\nlink set {dev} up\n")
             if p.returncode != 0:
-                raise _fail(f"bringing {dev} up", p)
+                raise _fail(f"configuring {dev}", p)
         except BaseException:
             if dev:
                 _run(["ip", "link", "del", dev])
@@ -301,8 +300,13 @@ def reclaim(devs: list[str] = ()) -> list[str]:
     return done
 
 
-def resolv_conf() -> bytes:
-    """/etc/resolv.conf for a build step: the host's nameservers that a build can reach."""
+RESOLV_SOURCES = ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf")
+
+
+def resolv_conf(sources: tuple[str, ...] = RESOLV_SOURCES) -> bytes:
+    """/etc/resolv.conf for a build step: the host's nameservers that a build can reach,
+    from the first of `sources` that names one (systemd-resolved's upstream list when the
+    host's own is its local stub)."""
     host = set()  # the host's own addresses
     p = _run(["ip", "-o", "addr", "show"]) if shutil.which("ip") else None
     if p is not None and p.returncode == 0:
@@ -319,7 +323,7 @@ def resolv_conf() -> bytes:
         return a.version == 4 and not (a.is_loopback or a.is_link_local or a.is_unspecified
                                        or str(a) in host or a in POOL)
 
-    for src in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"):
+    for src in sources:
         try:
             lines = Path(src).read_text().splitlines()
         except OSError:
