@@ -8,8 +8,12 @@ ordered stack of layer digests, top-most first.
 Store layout (everything under `root`)::
 
     layers/<digest>/          one layer; <digest> is the full hex sha256 of the tree
-    snapshots/<id>.json       one snapshot record
+    snapshots/<id>.json       one snapshot record (of one whose layers are all here)
     tmp/                      layers under construction (renamed into layers/ atomically)
+
+and the same three under `memory_dir` (a tmpfs, optional) for layers frozen from live
+sandboxes and the records of snapshots that use one of them: fast, gone at reboot.
+A duplicate build (content already stored) is removed on a background thread.
 
 Layers are read-only *by convention*: nothing in this module ever writes to an installed
 layer, and callers must not either (mount them only as overlay lowerdirs).  A layer is
@@ -79,6 +83,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,7 +343,9 @@ class _Walker:
             os.utime(name, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS), dir_fd=dfd, follow_symlinks=False)
 
     def _file(self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes) -> None:
-        if _fgetxattr(fd, self.xattr + "metacopy") is not None:
+        # A metacopy upper file holds no data of its own (its size, no blocks): one with
+        # blocks is a complete file, which saves a getxattr per file of a snapshot.
+        if st.st_blocks == 0 and _fgetxattr(fd, self.xattr + "metacopy") is not None:
             raise self._fail(path, "file is an overlayfs metacopy (mount with metacopy=off)")
         out = os.open(name, _O_DST, 0o600, dir_fd=dfd) if dfd is not None else -1
         try:
@@ -487,6 +494,48 @@ def _rmtree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+class _Remover:
+    """Removes discarded build directories on a thread of its own, off the caller's path.
+
+    A snapshot whose content is already stored built a copy only to learn its digest;
+    removing that copy (a syscall per entry) would add ~1 ms to every such snapshot. The
+    thread is not a daemon: the interpreter waits for it at exit, so nothing is left
+    behind; it ends once nothing is queued and the next discard starts another.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[Path] = []
+        self._thread: threading.Thread | None = None
+
+    def discard(self, path: Path) -> None:
+        with self._lock:
+            self._queue.append(path)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tryloop-layer-remover")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._thread = None
+                    return
+                path = self._queue.pop()
+            with contextlib.suppress(OSError):
+                _rmtree(path)
+
+    def wait(self) -> None:
+        """Return once every discarded directory is gone (tests, and callers that count files)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
+_remover = _Remover()
+
+
 # Written to a layers directory once every opaque directory in it carries both markers.
 _BOTH_MARKERS = ".opaque-markers-v2"
 
@@ -523,9 +572,13 @@ class LayerStore:
         # Layers frozen from live sandboxes (snapshot / fork) go to a tmpfs first:
         # creating files there costs microseconds where a disk filesystem costs
         # ~0.1 ms each. They vanish at reboot; `persist` copies one to the store.
+        # The records of snapshots with a layer there go there too: rewriting a record on
+        # a disk filesystem (rename over the old one) costs ~1 ms, and such a record is of
+        # no use after a reboot, its layer gone.
         self.memory_dir = Path(memory_dir) if memory_dir is not None else None
+        self.memory_snapshots_dir = self.memory_dir / "snapshots" if self.memory_dir is not None else None
         if self.memory_dir is not None:
-            for d in (self.memory_dir / "layers", self.memory_dir / "tmp"):
+            for d in (self.memory_dir / "layers", self.memory_dir / "tmp", self.memory_dir / "snapshots"):
                 d.mkdir(parents=True, exist_ok=True)
         for d in (self.layers_dir, *([self.memory_dir / "layers"] if self.memory_dir is not None else [])):
             _add_user_opaque_markers(d)
@@ -560,9 +613,13 @@ class LayerStore:
             _rmtree(build)
             raise
         if in_memory and self.has(digest):
-            _rmtree(build)
+            _remover.discard(build)
             return digest
         return self._install(build, digest, self.memory_dir / "layers" if in_memory else None)
+
+    def wait_discarded(self) -> None:
+        """Return once every build discarded as a duplicate is removed (they go on a thread)."""
+        _remover.wait()
 
     def persist(self, digest: str) -> None:
         """Copy a layer kept in memory into the store on disk (same digest)."""
@@ -631,7 +688,7 @@ class LayerStore:
     def _install(self, build: Path, digest: str, layers_dir: Path | None = None) -> str:
         target = (layers_dir or self.layers_dir) / digest
         if target.exists():  # same content already stored
-            _rmtree(build)
+            _remover.discard(build)
             return digest
         try:
             os.rename(build, target)
@@ -698,26 +755,38 @@ class LayerStore:
 
     # ---- snapshots
 
-    def _snapshot_file(self, snapshot_id: str) -> Path:
+    def _snapshot_dirs(self) -> list[Path]:
+        """Where records are, the disk's first (a record there is the newer one)."""
+        return [self.snapshots_dir, *([self.memory_snapshots_dir] if self.memory_snapshots_dir else [])]
+
+    def _snapshot_file(self, snapshot_id: str, directory: Path | None = None) -> Path:
         if not isinstance(snapshot_id, str) or not _DIGEST_RE.fullmatch(snapshot_id):
             raise SnapshotNotFound(str(snapshot_id), self.root)
-        return self.snapshots_dir / f"{snapshot_id}.json"
+        return (directory or self.snapshots_dir) / f"{snapshot_id}.json"
 
     def save_snapshot(self, s: Snapshot, meta: dict[str, Any] | None = None) -> str:
         """Record a snapshot (all its layers must be in the store); returns its id.
 
-        Saving the same snapshot again replaces its `meta`.
+        Saving the same snapshot again replaces its `meta`. The record of a snapshot with
+        a layer kept in memory is kept in memory too (it goes with that layer at reboot).
         """
+        in_memory = False
         for layer in s.layers:
-            self.path(layer)  # raises LayerNotFound
+            in_memory |= self.path(layer).parent != self.layers_dir  # path() raises LayerNotFound
         sid = s.id
         record = {"id": sid, "image": s.image, "layers": list(s.layers), "meta": meta or {}}
         data = json.dumps(record, sort_keys=True, indent=1).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix="snapshot-", suffix=".json", dir=self.tmp_dir)
+        in_memory = in_memory and self.memory_snapshots_dir is not None
+        path = self._snapshot_file(sid, self.memory_snapshots_dir if in_memory else None)
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == data:  # the same record again (a state forked again): nothing to write
+                return sid
+        tmp_dir = self.memory_dir / "tmp" if in_memory and self.memory_dir is not None else self.tmp_dir
+        fd, tmp = tempfile.mkstemp(prefix="snapshot-", suffix=".json", dir=tmp_dir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, self._snapshot_file(sid))
+            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -725,14 +794,15 @@ class LayerStore:
         return sid
 
     def _read_snapshot(self, snapshot_id: str) -> dict[str, Any]:
-        p = self._snapshot_file(snapshot_id)
-        try:
-            record = json.loads(p.read_bytes())
-        except FileNotFoundError:
-            raise SnapshotNotFound(snapshot_id, self.root) from None
-        except ValueError as e:
-            raise LayerError(f"{p}: corrupt snapshot record: {e}") from None
-        return record
+        for d in self._snapshot_dirs():
+            p = self._snapshot_file(snapshot_id, d)
+            try:
+                return json.loads(p.read_bytes())
+            except FileNotFoundError:
+                continue
+            except ValueError as e:
+                raise LayerError(f"{p}: corrupt snapshot record: {e}") from None
+        raise SnapshotNotFound(snapshot_id, self.root)
 
     def load_snapshot(self, snapshot_id: str) -> Snapshot:
         record = self._read_snapshot(snapshot_id)
@@ -749,9 +819,10 @@ class LayerStore:
         return dict(self._read_snapshot(snapshot_id).get("meta") or {})
 
     def list_snapshots(self) -> list[str]:
-        """Ids of all saved snapshots, sorted."""
-        return sorted(
+        """Ids of all saved snapshots (on disk and in memory), sorted."""
+        return sorted({
             n[: -len(".json")]
-            for n in os.listdir(self.snapshots_dir)
+            for d in self._snapshot_dirs()
+            for n in os.listdir(d)
             if n.endswith(".json") and _DIGEST_RE.fullmatch(n[: -len(".json")])
-        )
+        })
