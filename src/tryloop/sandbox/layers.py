@@ -13,7 +13,6 @@ Store layout (everything under `root`)::
 
 and the same three under `memory_dir` (a tmpfs, optional) for layers frozen from live
 sandboxes and the records of snapshots that use one of them: fast, gone at reboot.
-A duplicate build (content already stored) is removed on a background thread.
 
 Layers are read-only *by convention*: nothing in this module ever writes to an installed
 layer, and callers must not either (mount them only as overlay lowerdirs).  A layer is
@@ -83,7 +82,6 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -494,46 +492,6 @@ def _rmtree(path: Path) -> None:
         shutil.rmtree(path)
 
 
-class _Remover:
-    """Removes discarded build directories on a thread of its own, off the caller's path.
-
-    A snapshot whose content is already stored built a copy only to learn its digest;
-    removing that copy (a syscall per entry) would add ~1 ms to every such snapshot. The
-    thread is not a daemon: the interpreter waits for it at exit, so nothing is left
-    behind; it ends once nothing is queued and the next discard starts another.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: list[Path] = []
-        self._thread: threading.Thread | None = None
-
-    def discard(self, path: Path) -> None:
-        with self._lock:
-            self._queue.append(path)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tryloop-layer-remover")
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._thread = None
-                    return
-                path = self._queue.pop()
-            with contextlib.suppress(OSError):
-                _rmtree(path)
-
-    def wait(self) -> None:
-        """Return once every discarded directory is gone (tests, and callers that count files)."""
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-
-
-_remover = _Remover()
 
 
 # Written to a layers directory once every opaque directory in it carries both markers.
@@ -613,13 +571,9 @@ class LayerStore:
             _rmtree(build)
             raise
         if in_memory and self.has(digest):
-            _remover.discard(build)
+            _rmtree(build)
             return digest
         return self._install(build, digest, self.memory_dir / "layers" if in_memory else None)
-
-    def wait_discarded(self) -> None:
-        """Return once every build discarded as a duplicate is removed (they go on a thread)."""
-        _remover.wait()
 
     def persist(self, digest: str) -> None:
         """Copy a layer kept in memory into the store on disk (same digest)."""
@@ -688,7 +642,7 @@ class LayerStore:
     def _install(self, build: Path, digest: str, layers_dir: Path | None = None) -> str:
         target = (layers_dir or self.layers_dir) / digest
         if target.exists():  # same content already stored
-            _remover.discard(build)
+            _rmtree(build)
             return digest
         try:
             os.rename(build, target)
