@@ -14,6 +14,10 @@ command -v tar >/dev/null || need_apt+=(tar)
 command -v dash >/dev/null || need_apt+=(dash)  # the shell of the test suite's OCI archives
 # the dashboard's browser test drives headless Chromium (with a font, so its screenshots have text)
 command -v chromium >/dev/null || need_apt+=(chromium fonts-dejavu-core)
+# The filtered network of image build steps: a veth pair (ip), nft rules, nsenter.
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v nft >/dev/null || need_apt+=(nftables)
+command -v nsenter >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -34,6 +34,9 @@ class SandboxConfig(_Model):
     """How each sandbox is built. Isolation itself is not optional: only network can be opened."""
 
     network: bool = Field(False, description="share the host network; default is a private netns with loopback only")
+    network_nat: bool = Field(False, description="with network: a netns of its own, NAT'd out through the host, that "
+                                                 "reaches no address of the host and no link-local address "
+                                                 "(what image build steps get; see sandbox/buildnet.py)")
     uid: int = Field(1000, ge=1, description="unprivileged uid the agent's processes run as")
     gid: int = Field(1000, ge=1)
     hostname: str = Field("sandbox", min_length=1, max_length=63)
@@ -68,7 +71,8 @@ class ImagesConfig(_Model):
 
     dockerfile: str = Field("Dockerfile", description="the Dockerfile, relative to the build context unless absolute")
     build_args: dict[str, str] = Field(default_factory=dict, description="values of the Dockerfile's ARGs")
-    build_network: bool = Field(True, description="RUN steps reach the host network (only while building)")
+    build_network: bool = Field(True, description="RUN steps reach the network the host reaches, through a filtered "
+                                                "netns that reaches no host address (only while building)")
     build_timeout_s: float = Field(1800.0, gt=0, description="wall-clock limit of one RUN step")
     build_memory_mb: int = Field(4096, ge=64, description="memory limit of a build sandbox")
     build_disk_mb: int = Field(8192, ge=16, description="size of a RUN step's writable layer (tmpfs)")

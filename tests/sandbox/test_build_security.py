@@ -69,8 +69,55 @@ ATTACKS_C = r"""
 #include <sys/sysmacros.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #define TRY(name, call) do { errno = 0; long r_ = (long)(call); printf("%s=%d\n", name, r_ < 0 ? errno : 0); } while (0)
+/* connect ADDR PORT: a TCP connection within 2 s, and the first bytes the peer sends.
+ * ADDR "gw" is the default gateway of /proc/net/route. Prints "connect ADDR:PORT=errno". */
+static int probe_connect(const char *addr, int port) {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    char line[256], ip[32];
+    snprintf(ip, sizeof ip, "%s", addr);
+    if (!strcmp(addr, "gw")) {
+        FILE *f = fopen("/proc/net/route", "r");
+        unsigned dst, gw;
+        char dev[64];
+        strcpy(ip, "none");
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "%63s %x %x", dev, &dst, &gw) == 3 && dst == 0 && gw) {
+                struct in_addr a = {gw};
+                snprintf(ip, sizeof ip, "%s", inet_ntoa(a));
+            }
+        if (f) fclose(f);
+    }
+    int err = inet_pton(AF_INET, ip, &sa.sin_addr) == 1 ? 0 : EINVAL;
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (!err && connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+            struct pollfd p = {s, POLLOUT, 0};
+            socklen_t len = sizeof err;
+            if (poll(&p, 1, 2000) != 1) err = ETIMEDOUT;
+            else getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
+        }
+    }
+    char got[64] = "";
+    if (!err) {
+        struct pollfd p = {s, POLLIN, 0};
+        if (poll(&p, 1, 2000) == 1) {
+            ssize_t n = read(s, got, sizeof got - 1);
+            got[n > 0 ? n : 0] = 0;
+        }
+    }
+    printf("connect %s:%d=%d %s\n", ip, port, err, strtok(got, "\r\n") ? got : "");
+    return 0;
+}
 int main(int argc, char **argv) {
+    if (argc > 3 && !strcmp(argv[1], "connect")) {
+        for (int i = 2; i + 1 < argc; i += 2) probe_connect(argv[i], atoi(argv[i + 1]));
+        return 0;
+    }
     if (argc > 2 && !strcmp(argv[1], "as")) { /* as UID CMD...: drop to UID as apt drops to _apt */
         unsigned id = (unsigned)atoi(argv[2]);
         if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0) return 101;
@@ -127,10 +174,10 @@ def base(build_runtime, tmp_path_factory):
     return import_archive(build_runtime.store, path)
 
 
-async def _step(runtime, base: Image, script: str, **kw) -> tuple[str, list[str]]:
+async def _step(runtime, base: Image, script: str, network: bool = False, **kw) -> tuple[str, list[str]]:
     out: list[bytes] = []
     layer = await run_build_step(runtime, list(base.layers), dict(base.env), ["/bin/sh", "-c", script],
-                                 options=BuildOptions(network=False), on_output=lambda _n, c: out.append(c), **kw)
+                                 options=BuildOptions(network=network), on_output=lambda _n, c: out.append(c), **kw)
     return layer, b"".join(out).decode().splitlines()
 
 
@@ -177,6 +224,82 @@ async def test_root_of_a_build_sandbox_cannot_reach_the_host(build_runtime, base
     assert socket.gethostname() == hostname
     if modules:
         assert Path("/proc/modules").read_text() == modules
+
+
+class _Listener:
+    """A TCP server of the host on (addr, any port) that answers `banner` and counts who came."""
+
+    def __init__(self, addr: str, banner: bytes):
+        import threading
+
+        self.sock = socket.create_server((addr, 0))
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[str] = []
+        self.banner = banner
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, peer = self.sock.accept()
+                self.peers.append(peer[0])
+                with conn:
+                    conn.sendall(self.banner)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+async def test_build_network_reaches_no_host_or_link_local_address(build_runtime, base):
+    """A networked RUN step (a network namespace of its own, NAT'd out) cannot reach a
+    service of the host: not on 127.0.0.1 (its loopback is its own), not on the host's
+    address (a server bound to 0.0.0.0, an HTTP server), not on its gateway (the host's end
+    of its veth), and not the link-local metadata address 169.254.169.254."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    host = _host_addresses()
+    assert host, "the host has no global IPv4 address"
+    anyaddr, loop = _Listener("0.0.0.0", b"host-any\n"), _Listener("127.0.0.1", b"host-lo\n")
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            hits.append(self.client_address[0])
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"host-http\n")
+
+        def log_message(self, *a):
+            pass
+
+    http = HTTPServer(("0.0.0.0", 0), Handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    hp = http.server_address[1]
+    targets = [("127.0.0.1", loop.port), ("127.0.0.1", anyaddr.port), ("127.0.0.1", hp),
+               *((a, anyaddr.port) for a in host), *((a, hp) for a in host),
+               ("gw", anyaddr.port), ("gw", hp), ("169.254.169.254", 80), ("169.254.169.254", hp)]
+    try:
+        _layer, lines = await _step(build_runtime, base, "/bin/attacks connect " +
+                                    " ".join(f"{a} {p}" for a, p in targets), network=True)
+    finally:
+        http.shutdown()
+        http.server_close()
+        anyaddr.close()
+        loop.close()
+    results = [x for x in lines if x.startswith("connect ")]
+    assert len(results) == len(targets), lines
+    reached = [x for x in results if "=0 " in x or x.endswith("=0")]
+    assert not reached, f"a build step reached the host: {reached}"
+    assert not anyaddr.peers and not loop.peers and not hits, (anyaddr.peers, loop.peers, hits)
+    gw = next(x for x in results if x.startswith("connect ") and f":{anyaddr.port}=" in x
+              and not x.startswith(("connect 127.", *(f"connect {a}:" for a in host))))
+    assert "none" not in gw, f"the build step had no default route: {results}"  # it did have a network
 
 
 async def test_capabilities_do_not_apply_to_host_files_on_a_bind(build_runtime, base, tmp_path):
@@ -261,7 +384,8 @@ async def test_no_capabilities_without_a_user_namespace(runtime_config, tmp_path
 
 # The escape tests every sandbox passes, run against a sandbox whose commands run as root with
 # the build capabilities (as a RUN step's do) on the host-derived root: host binds and all, the
-# worst case a build could meet. Network aside (a build step's is the host's while it runs).
+# worst case a build could meet. Network aside: a networked step's is filtered (buildnet.py), tested
+# by test_build_network_reaches_no_host_or_link_local_address and test_buildnet.py.
 # Five tests of the suite assume an unprivileged agent and so do not apply as they are (root may
 # write its own /etc/passwd, list its own /root and write into the image's empty /sys directory,
 # all in its writable layer; setuid binaries cannot make it more than root; kill -1 also reaches

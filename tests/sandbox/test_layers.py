@@ -477,6 +477,33 @@ def test_snapshots(store: LayerStore) -> None:
         Snapshot("")
 
 
+def test_snapshot_records_of_memory_layers_stay_in_memory(tmp_path: Path) -> None:
+    """A snapshot with a layer on the memory tmpfs keeps its record there too (no disk write per
+    fork); one whose layers are all on disk is recorded on disk. Both are found alike."""
+    store = LayerStore(tmp_path / "store", tmp_path / "mem")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("state\n")
+    on_disk = store.add_files({"one": "1"})
+    in_memory = store.add_tree(src, memory=True)
+    assert store.path(in_memory).parent == tmp_path / "mem" / "layers"
+    disk_snap = Snapshot("img", (on_disk,))
+    mem_snap = disk_snap.child(in_memory)
+    store.save_snapshot(disk_snap, {"a": 1})
+    store.save_snapshot(mem_snap, {"b": 2})
+    assert os.listdir(store.snapshots_dir) == [f"{disk_snap.id}.json"]
+    assert os.listdir(tmp_path / "mem" / "snapshots") == [f"{mem_snap.id}.json"]
+    assert store.load_snapshot(mem_snap.id) == mem_snap and store.snapshot_meta(mem_snap.id) == {"b": 2}
+    assert store.list_snapshots() == sorted([disk_snap.id, mem_snap.id])
+    store.save_snapshot(mem_snap, {"b": 3})  # saving again replaces the meta
+    store.save_snapshot(mem_snap, {"b": 3})  # the same record again: nothing changes
+    assert store.snapshot_meta(mem_snap.id) == {"b": 3}
+    assert sorted(os.listdir(tmp_path / "mem" / "tmp")) == []
+    # Another store on the same directories (another process) sees both.
+    again = LayerStore(tmp_path / "store", tmp_path / "mem")
+    assert again.list_snapshots() == store.list_snapshots() and again.load_snapshot(mem_snap.id) == mem_snap
+
+
 # --------------------------------------------------------------------------- speed
 
 

@@ -88,9 +88,9 @@ def _snapshot_images(store: LayerStore) -> tuple[set[str], set[str]]:
     layers: set[str] = set()
     for sid in store.list_snapshots():
         with contextlib.suppress(OSError, ValueError, LayerError, KeyError):
-            rec = json.loads((store.snapshots_dir / f"{sid}.json").read_text())
-            images.add(rec["image"])
-            layers.update(rec.get("layers", []))
+            snap = store.load_snapshot(sid)  # on disk or in memory
+            images.add(snap.image)
+            layers.update(snap.layers)
     return images, layers
 
 
@@ -131,9 +131,9 @@ def list_images(store: LayerStore) -> list[ImageRow]:
             uses[layer] = uses.get(layer, 0) + 1
     snap_count: dict[str, int] = {}
     for sid in store.list_snapshots():
-        with contextlib.suppress(OSError, ValueError):
-            rec = json.loads((store.snapshots_dir / f"{sid}.json").read_text())
-            snap_count[rec["image"]] = snap_count.get(rec["image"], 0) + 1
+        with contextlib.suppress(OSError, ValueError, LayerError, KeyError):
+            image = store.load_snapshot(sid).image  # on disk or in memory
+            snap_count[image] = snap_count.get(image, 0) + 1
     cache: dict[str, int] = {}
     rows = []
     for img in images:

@@ -15,8 +15,10 @@ Every step that changes files is one layer of the store:
 * a `RUN` step executes in a build sandbox whose root is the image built so far (no host
   root), inside a user namespace of its own, as the image's user (root there is an
   unprivileged id on the host, holding only the build capabilities of that namespace:
-  `runtime.BUILD_CAPABILITIES`, so that apt, dpkg and chown work); the network is open
-  for it and for nothing else. Its
+  `runtime.BUILD_CAPABILITIES`, so that apt, dpkg and chown work); with the network
+  open (the default), a network namespace of its own NAT'd out through the host, which
+  reaches what the host reaches but no address of the host and no link-local address
+  (buildnet.py). Its
   writable layer, translated back from the namespace's ids, becomes the step's layer.
   The layer is cached under a key of the image it ran on, the command and the build
   arguments it sees (`build-cache/` in the store), so a rebuild with nothing changed
@@ -44,7 +46,8 @@ from functools import partial
 from pathlib import Path
 
 from tryloop.config import SandboxConfig, SandboxLimits
-from tryloop.sandbox.build import network_env
+from tryloop.sandbox.build import network_env, network_layer
+from tryloop.sandbox.buildnet import BuildNetworkError
 from tryloop.sandbox.images import Image, ImageError, find_in_layers, make_image, resolve_user
 from tryloop.sandbox.layers import Snapshot
 from tryloop.sandbox.oci import mountpoints_layer, unpack_layer
@@ -634,17 +637,6 @@ def _merge(src: Path, dst: Path, uid: int | None, gid: int | None, chmod: int | 
         # FIFOs, sockets, devices in the context are not copied
 
 
-def _network_layer(store) -> str:
-    """/etc/resolv.conf and /etc/hosts of the host, on top of a build sandbox's root
-    only (never part of the image), so RUN steps resolve names as the host does."""
-    files = {}
-    for name in ("resolv.conf", "hosts"):
-        p = Path("/etc") / name
-        if p.is_file():
-            files[f"etc/{name}"] = p.read_bytes()
-    return store.add_files(files, uid=0, gid=0) if files else ""
-
-
 async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: list[str], *,
                          workdir: str = "/", user: str = "", options: BuildOptions | None = None,
                          what: str = "build step", on_output=None) -> str:
@@ -665,9 +657,12 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
     image = make_image(store, layers, sorted(env.items()), workdir=workdir, user=user,
                        meta={"kind": "build-step"}, save=False)
     runtime.register_image(image)
-    net = _network_layer(store) if opts.network else ""
+    try:
+        net = network_layer(store) if opts.network else ""
+    except BuildNetworkError as e:
+        raise BuildError(f"{what}: {e}") from None
     snap = Snapshot(image.id, (net,) if net else ())
-    cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
+    cfg = SandboxConfig(network=opts.network, network_nat=opts.network, limits=SandboxLimits(
         memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
         file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": workdir})
     if uid == 0 and not runtime.user_namespaces:
@@ -675,7 +670,11 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
                          f"own, and this runtime gives none ({runtime.user_namespaces_detail}); name an "
                          "unprivileged USER or enable runtime.user_namespaces")
     # Root holds the build capabilities of its own user namespace (see runtime.BUILD_CAPABILITIES).
-    async with await runtime.create(snap, cfg, root_capabilities=runtime.user_namespaces) as sb:
+    try:
+        sb = await runtime.create(snap, cfg, root_capabilities=runtime.user_namespaces)
+    except BuildNetworkError as e:
+        raise BuildError(f"{what}: {e}") from None
+    async with sb:
         res = await sb.exec(cmd, cwd=workdir, on_output=on_output, merge_stderr=True)
         if not res.ok:
             why = (f"timed out after {opts.timeout_s:g}s" if res.timed_out else

@@ -166,7 +166,29 @@ def user_namespace_check(config: RuntimeConfig) -> Check:
                  fix="" if ok else "without it the agent's uid is the host's uid of the same number")
 
 
-def checks(config: RuntimeConfig | None = None) -> list[Check]:
+def build_network_check(probe: bool = False) -> Check:
+    """Whether networked image build steps can get their filtered network (buildnet.py).
+    Not required: without it a build step with network fails, naming what is missing, and
+    every other sandbox is unaffected. `probe` also creates and removes a scratch nft
+    table and veth pair (the doctor CLI); without it only tools, pool and uplink are looked at."""
+    from tryloop.sandbox import buildnet
+
+    fix = ("apt-get install iproute2 nftables util-linux, a kernel with veth and nf_tables, and a default "
+           "route; or build without network (images.build_network: false)")
+    if probe:
+        ok, detail = buildnet.support()
+    elif missing := buildnet.missing_tools():
+        ok, detail = False, f"{', '.join(missing)} not found"
+    elif collisions := buildnet.pool_collisions():
+        ok, detail = False, f"the address pool {buildnet.POOL} overlaps host routes: {'; '.join(collisions)}"
+    elif not buildnet.uplinks():
+        ok, detail = False, "no default route to NAT builds out through"
+    else:
+        ok, detail = True, f"ip, nft, nsenter; pool {buildnet.POOL}; uplink {', '.join(buildnet.uplinks())}"
+    return Check("build network (filtered netns)", ok, detail, required=False, fix=fix)
+
+
+def checks(config: RuntimeConfig | None = None, *, probe_build_network: bool = False) -> list[Check]:
     from tryloop.config import RuntimeConfig
     from tryloop.sandbox.cgroups import CgroupHost
     from tryloop.sandbox.native import compiler
@@ -209,6 +231,7 @@ def checks(config: RuntimeConfig | None = None) -> list[Check]:
     cc = compiler()
     out.append(Check("C compiler", cc is not None, cc or "none",
                      fix="apt-get install gcc libc6-dev (builds the sandbox init once)"))
+    out.append(build_network_check(probe_build_network))
     bw = shutil.which("bwrap")
     out.append(Check("bubblewrap (benchmark baseline only)", bw is not None, bw or "not installed",
                      required=False, fix="apt-get install bubblewrap"))

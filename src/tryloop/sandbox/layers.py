@@ -8,8 +8,11 @@ ordered stack of layer digests, top-most first.
 Store layout (everything under `root`)::
 
     layers/<digest>/          one layer; <digest> is the full hex sha256 of the tree
-    snapshots/<id>.json       one snapshot record
+    snapshots/<id>.json       one snapshot record (of one whose layers are all here)
     tmp/                      layers under construction (renamed into layers/ atomically)
+
+and the same three under `memory_dir` (a tmpfs, optional) for layers frozen from live
+sandboxes and the records of snapshots that use one of them: fast, gone at reboot.
 
 Layers are read-only *by convention*: nothing in this module ever writes to an installed
 layer, and callers must not either (mount them only as overlay lowerdirs).  A layer is
@@ -338,7 +341,9 @@ class _Walker:
             os.utime(name, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS), dir_fd=dfd, follow_symlinks=False)
 
     def _file(self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes) -> None:
-        if _fgetxattr(fd, self.xattr + "metacopy") is not None:
+        # A metacopy upper file holds no data of its own (its size, no blocks): one with
+        # blocks is a complete file, which saves a getxattr per file of a snapshot.
+        if st.st_blocks == 0 and _fgetxattr(fd, self.xattr + "metacopy") is not None:
             raise self._fail(path, "file is an overlayfs metacopy (mount with metacopy=off)")
         out = os.open(name, _O_DST, 0o600, dir_fd=dfd) if dfd is not None else -1
         try:
@@ -487,6 +492,8 @@ def _rmtree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+
+
 # Written to a layers directory once every opaque directory in it carries both markers.
 _BOTH_MARKERS = ".opaque-markers-v2"
 
@@ -523,9 +530,13 @@ class LayerStore:
         # Layers frozen from live sandboxes (snapshot / fork) go to a tmpfs first:
         # creating files there costs microseconds where a disk filesystem costs
         # ~0.1 ms each. They vanish at reboot; `persist` copies one to the store.
+        # The records of snapshots with a layer there go there too: rewriting a record on
+        # a disk filesystem (rename over the old one) costs ~1 ms, and such a record is of
+        # no use after a reboot, its layer gone.
         self.memory_dir = Path(memory_dir) if memory_dir is not None else None
+        self.memory_snapshots_dir = self.memory_dir / "snapshots" if self.memory_dir is not None else None
         if self.memory_dir is not None:
-            for d in (self.memory_dir / "layers", self.memory_dir / "tmp"):
+            for d in (self.memory_dir / "layers", self.memory_dir / "tmp", self.memory_dir / "snapshots"):
                 d.mkdir(parents=True, exist_ok=True)
         for d in (self.layers_dir, *([self.memory_dir / "layers"] if self.memory_dir is not None else [])):
             _add_user_opaque_markers(d)
@@ -698,26 +709,38 @@ class LayerStore:
 
     # ---- snapshots
 
-    def _snapshot_file(self, snapshot_id: str) -> Path:
+    def _snapshot_dirs(self) -> list[Path]:
+        """Where records are, the disk's first (a record there is the newer one)."""
+        return [self.snapshots_dir, *([self.memory_snapshots_dir] if self.memory_snapshots_dir else [])]
+
+    def _snapshot_file(self, snapshot_id: str, directory: Path | None = None) -> Path:
         if not isinstance(snapshot_id, str) or not _DIGEST_RE.fullmatch(snapshot_id):
             raise SnapshotNotFound(str(snapshot_id), self.root)
-        return self.snapshots_dir / f"{snapshot_id}.json"
+        return (directory or self.snapshots_dir) / f"{snapshot_id}.json"
 
     def save_snapshot(self, s: Snapshot, meta: dict[str, Any] | None = None) -> str:
         """Record a snapshot (all its layers must be in the store); returns its id.
 
-        Saving the same snapshot again replaces its `meta`.
+        Saving the same snapshot again replaces its `meta`. The record of a snapshot with
+        a layer kept in memory is kept in memory too (it goes with that layer at reboot).
         """
+        in_memory = False
         for layer in s.layers:
-            self.path(layer)  # raises LayerNotFound
+            in_memory |= self.path(layer).parent != self.layers_dir  # path() raises LayerNotFound
         sid = s.id
         record = {"id": sid, "image": s.image, "layers": list(s.layers), "meta": meta or {}}
         data = json.dumps(record, sort_keys=True, indent=1).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix="snapshot-", suffix=".json", dir=self.tmp_dir)
+        in_memory = in_memory and self.memory_snapshots_dir is not None
+        path = self._snapshot_file(sid, self.memory_snapshots_dir if in_memory else None)
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == data:  # the same record again (a state forked again): nothing to write
+                return sid
+        tmp_dir = self.memory_dir / "tmp" if in_memory and self.memory_dir is not None else self.tmp_dir
+        fd, tmp = tempfile.mkstemp(prefix="snapshot-", suffix=".json", dir=tmp_dir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, self._snapshot_file(sid))
+            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -725,14 +748,15 @@ class LayerStore:
         return sid
 
     def _read_snapshot(self, snapshot_id: str) -> dict[str, Any]:
-        p = self._snapshot_file(snapshot_id)
-        try:
-            record = json.loads(p.read_bytes())
-        except FileNotFoundError:
-            raise SnapshotNotFound(snapshot_id, self.root) from None
-        except ValueError as e:
-            raise LayerError(f"{p}: corrupt snapshot record: {e}") from None
-        return record
+        for d in self._snapshot_dirs():
+            p = self._snapshot_file(snapshot_id, d)
+            try:
+                return json.loads(p.read_bytes())
+            except FileNotFoundError:
+                continue
+            except ValueError as e:
+                raise LayerError(f"{p}: corrupt snapshot record: {e}") from None
+        raise SnapshotNotFound(snapshot_id, self.root)
 
     def load_snapshot(self, snapshot_id: str) -> Snapshot:
         record = self._read_snapshot(snapshot_id)
@@ -749,9 +773,10 @@ class LayerStore:
         return dict(self._read_snapshot(snapshot_id).get("meta") or {})
 
     def list_snapshots(self) -> list[str]:
-        """Ids of all saved snapshots, sorted."""
-        return sorted(
+        """Ids of all saved snapshots (on disk and in memory), sorted."""
+        return sorted({
             n[: -len(".json")]
-            for n in os.listdir(self.snapshots_dir)
+            for d in self._snapshot_dirs()
+            for n in os.listdir(d)
             if n.endswith(".json") and _DIGEST_RE.fullmatch(n[: -len(".json")])
-        )
+        })

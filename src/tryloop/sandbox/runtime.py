@@ -60,12 +60,13 @@ class GcReport:
     processes: int = 0
     tmp_dirs: int = 0
     id_ranges: int = 0
+    networks: int = 0
     kept: int = 0
     details: list[str] = field(default_factory=list)
 
     @property
     def reclaimed(self) -> int:
-        return self.records + self.cgroups + self.tmp_dirs + self.id_ranges
+        return self.records + self.cgroups + self.tmp_dirs + self.id_ranges + self.networks
 
 
 def _raise_nofile() -> None:
@@ -215,8 +216,26 @@ class SandboxRuntime:
         BUILD_CAPABILITIES of the sandbox's own user namespace, and the sandbox loads the
         build variant of the seccomp filter (seccomp.build_filter(build=True)); refused
         without a user namespace.
+
+        `config.network` with `config.network_nat`: the sandbox's own network namespace gets
+        the filtered uplink of buildnet.py before any command runs; a host that cannot give
+        it fails the start (buildnet.BuildNetworkError), never falls back to the host's network.
         """
         cfg = config or SandboxConfig()
+        sb = await self._create(snapshot, cfg, timeout, root_capabilities)
+        if cfg.network and cfg.network_nat:
+            from tryloop.sandbox import buildnet
+
+            try:
+                sb.netdev = buildnet.attach(sb.init_pid).dev
+                self._note_netdev(sb.id, sb.netdev)
+            except BaseException:
+                await sb.close()
+                raise
+        return sb
+
+    async def _create(self, snapshot: Snapshot | None, cfg: SandboxConfig, timeout: float,
+                      root_capabilities: bool) -> Sandbox:
         if root_capabilities and self.id_ranges is None:
             raise SandboxError("capabilities for root are given only inside a user namespace of the sandbox's "
                                f"own, which this runtime does not give ({self.user_namespaces_detail})")
@@ -247,7 +266,7 @@ class SandboxRuntime:
                 cpu_quota_us=int(lim.cpus * 100_000), cpu_weight=lim.cpu_weight))
             items = [("mnt", str(self.mnt_dir)), ("hostname", cfg.hostname),
                      ("seccomp", str(self._seccomp_file(cfg.seccomp_extra_deny, build=root_capabilities))),
-                     ("net", "1" if cfg.network else "0"), ("quota", str(lim.disk_mb << 20)),
+                     ("net", "1" if cfg.network and not cfg.network_nat else "0"), ("quota", str(lim.disk_mb << 20)),
                      ("shm", str(lim.dev_shm_mb << 20)),
                      ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
             if id_base:
@@ -309,6 +328,13 @@ class SandboxRuntime:
         # its pid namespace), so nothing runs with the range's ids any more.
         self._live.pop(sb.id, None)
         try:
+            if sb.netdev:
+                from tryloop.sandbox import buildnet
+
+                try:
+                    buildnet.detach(sb.netdev)
+                except Exception as e:  # the next runtime's gc retries
+                    log.warning("sandbox %s: removing its build network %s: %s", sb.id, sb.netdev, e)
             sb.cgroup.remove()
         finally:
             self._remove_record(sb.id)
@@ -332,6 +358,15 @@ class SandboxRuntime:
         finally:
             os.close(fd)
 
+    def _note_netdev(self, sid: str, dev: str) -> None:
+        """Add a sandbox's build veth to its record, for gc after a crash."""
+        path = self.records_dir / f"{sid}.json"
+        rec = json.loads(path.read_text())
+        rec["netdev"] = dev
+        tmp = path.with_name(f".{sid}.tmp")
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, path)
+
     def _remove_record(self, sid: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.records_dir / f"{sid}.json")
@@ -344,6 +379,7 @@ class SandboxRuntime:
         """
         report = GcReport()
         recorded: set[str] = set()
+        netdevs: list[str] = []
         for rec_path in sorted(self.records_dir.glob("*.json")):
             try:
                 rec = json.loads(rec_path.read_text())
@@ -359,6 +395,8 @@ class SandboxRuntime:
                 recorded.add(rec["cgroup"])
                 report.kept += 1
                 continue
+            if rec.get("netdev"):
+                netdevs.append(rec["netdev"])
             try:
                 group = self.cgroups.group(rec["cgroup"])
                 report.processes += len(group.pids())
@@ -383,6 +421,13 @@ class SandboxRuntime:
                 self.cgroups.remove(name)
                 report.cgroups += 1
                 report.details.append(f"removed empty orphan cgroup {name}")
+        from tryloop.sandbox import buildnet
+
+        # After the cgroups: the dead owners' build veths (gone with their namespaces, or
+        # removed here), then the nft table and forwarding if no build network is left.
+        for line in buildnet.reclaim(netdevs):
+            report.networks += 1
+            report.details.append(line)
         if self.id_ranges is not None:
             # After the cgroups: a dead owner's sandboxes are gone, and their ranges with them.
             freed = self.id_ranges.reclaim_dead()

@@ -22,9 +22,10 @@
  * which the host removes (or `tryloop sandbox gc` after a host crash).
  *
  * Each command is cloned from the zygote, which chrooted to the overlay, kept
- * only CAP_SETUID/CAP_SETGID (bounding set empty), set no_new_privs and loaded
- * the precompiled seccomp filter: new session, rlimits, oom_score_adj 0, setuid
- * to the unprivileged uid (which clears the last capabilities), then execve. In a
+ * only CAP_SETUID/CAP_SETGID (bounding set empty), set oom_score_adj 0, no core
+ * dumps and no_new_privs and loaded the precompiled seccomp filter: new session,
+ * rlimits, setuid to the unprivileged uid (which clears the last capabilities),
+ * then execve. In a
  * build sandbox (config `rootcaps`, refused without a user namespace) a command run
  * as uid 0 keeps those capabilities of its own user namespace, as ambient ones. Resetting kills every process (kill(-1) from pid 1), detaches
  * the overlay and its tmpfs, enters a fresh IPC namespace and mounts again:
@@ -480,9 +481,14 @@ struct execreq {
     int fds[3];
 };
 
-static void child_fail(int errpipe, uint32_t stage) {
-    uint32_t msg[2] = {stage, (uint32_t)errno};
-    (void)!write(errpipe, msg, sizeof msg);
+/* Where a command's child says why it could not exec: it shares the zygote's memory
+ * (CLONE_VM) and the zygote resumes only once the child has exec'd or exited
+ * (CLONE_VFORK), so a plain store is seen, as posix_spawn reports its errors. */
+struct child_err { uint32_t stage; int32_t err; };
+
+static _Noreturn void child_fail(volatile struct child_err *ce, uint32_t stage) {
+    ce->err = errno;
+    ce->stage = stage;
     _exit(127);
 }
 
@@ -520,7 +526,7 @@ static void exec_path(char **argv, char **envp) {
     errno = saw_eacces ? EACCES : ENOENT;
 }
 
-static _Noreturn void run_child(struct execreq *x, int errpipe) {
+static _Noreturn void run_child(struct execreq *x, volatile struct child_err *ce) {
     signal(SIGPIPE, SIG_DFL); /* the only disposition the zygote changed */
     setsid();
     /* Move the received fds out of the way, then onto 0, 1, 2. */
@@ -532,59 +538,51 @@ static _Noreturn void run_child(struct execreq *x, int errpipe) {
             f = zygote_null;
         }
         target[i] = fcntl(f, F_DUPFD_CLOEXEC, 10);
-        if (target[i] < 0) child_fail(errpipe, S_FDS);
-    }
-    if (errpipe < 10) {
-        int e = fcntl(errpipe, F_DUPFD_CLOEXEC, 10);
-        if (e < 0) child_fail(errpipe, S_FDS);
-        errpipe = e;
+        if (target[i] < 0) child_fail(ce, S_FDS);
     }
     for (int i = 0; i < 3; i++) {
         int src = target[i] == -2 ? target[1] : target[i];
-        if (dup2(src, i) < 0) child_fail(errpipe, S_FDS);
+        if (dup2(src, i) < 0) child_fail(ce, S_FDS);
     }
     if (isatty(0)) ioctl(0, TIOCSCTTY, 0); /* interactive shells get job control */
-    /* close_range keeps 0-2 and the error pipe (CLOEXEC closes it at exec). */
-    if (syscall(SYS_close_range, 3, errpipe - 1, 0) < 0 ||
-        syscall(SYS_close_range, errpipe + 1, ~0U, 0) < 0)
-        child_fail(errpipe, S_FDS);
-    write_file("/proc/self/oom_score_adj", "0");
+    /* Only 0-2 stay open (the zygote's own descriptors are all CLOEXEC; this also
+     * covers a descriptor received without it). oom_score_adj 0 and no core dumps
+     * come from the zygote, which set both on itself once. */
+    if (syscall(SYS_close_range, 3, ~0U, 0) < 0) child_fail(ce, S_FDS);
     struct rlimit rl;
-    rl.rlim_cur = rl.rlim_max = 0;
-    if (setrlimit(RLIMIT_CORE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
     if (x->h.rl_nofile) {
         rl.rlim_cur = rl.rlim_max = x->h.rl_nofile;
-        if (setrlimit(RLIMIT_NOFILE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0) child_fail(ce, S_RLIMIT);
     }
     if (x->h.rl_fsize) {
         rl.rlim_cur = rl.rlim_max = x->h.rl_fsize;
-        if (setrlimit(RLIMIT_FSIZE, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+        if (setrlimit(RLIMIT_FSIZE, &rl) < 0) child_fail(ce, S_RLIMIT);
     }
     if (x->h.rl_cpu) {
         rl.rlim_cur = x->h.rl_cpu;
         rl.rlim_max = x->h.rl_cpu + 1; /* SIGXCPU first, then SIGKILL */
-        if (setrlimit(RLIMIT_CPU, &rl) < 0) child_fail(errpipe, S_RLIMIT);
+        if (setrlimit(RLIMIT_CPU, &rl) < 0) child_fail(ce, S_RLIMIT);
     }
     /* Capabilities: the bounding and ambient sets are already empty (the
      * zygote emptied them), the uid switch clears the rest, and capset
      * afterwards covers uid 0 (image builds). */
     if (setgroups(0, NULL) < 0 || setresgid(x->h.gid, x->h.gid, x->h.gid) < 0 ||
         setresuid(x->h.uid, x->h.uid, x->h.uid) < 0)
-        child_fail(errpipe, S_SETUID);
+        child_fail(ce, S_SETUID);
     struct __user_cap_header_struct ch = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct cd[2] = {{0}};
     uint32_t keep = x->h.uid == 0 ? (uint32_t)cfg.rootcaps : 0; /* all below bit 32 */
     cd[0].effective = cd[0].permitted = cd[0].inheritable = keep;
-    if (syscall(SYS_capset, &ch, cd) < 0) child_fail(errpipe, S_CAPS);
+    if (syscall(SYS_capset, &ch, cd) < 0) child_fail(ce, S_CAPS);
     /* Ambient: what survives execve for a uid-0 process without file capabilities
      * (uid 0 itself gains nothing at exec: SECBIT_NOROOT). Switching to another uid
      * (apt's _apt) clears them all. */
     for (int c = 0; keep && c < 32; c++)
         if ((keep & (1u << c)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0)
-            child_fail(errpipe, S_CAPS);
-    if (chdir(x->cwd) < 0) child_fail(errpipe, S_CWD);
+            child_fail(ce, S_CAPS);
+    if (chdir(x->cwd) < 0) child_fail(ce, S_CWD);
     exec_path(x->argv, x->envp);
-    child_fail(errpipe, S_EXEC);
+    child_fail(ce, S_EXEC);
     _exit(127);
 }
 
@@ -673,14 +671,13 @@ static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds) 
 
 struct child_args {
     struct execreq *x;
-    int rd, wr;
+    volatile struct child_err ce;
 };
 static char child_stack[256 * 1024] __attribute__((aligned(16)));
 
 static int child_entry(void *arg) {
     struct child_args *a = arg;
-    close(a->rd);
-    run_child(a->x, a->wr);
+    run_child(a->x, &a->ce);
 }
 
 /* What the zygote keeps: CAP_SETUID and CAP_SETGID, to switch each command to the
@@ -728,6 +725,13 @@ static _Noreturn void zygote_main(int s) {
     uint32_t stage = 0;
     if (chroot("/root") < 0 || chdir("/") < 0) stage = S_CHROOT;
     if (!stage && (zygote_null = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) stage = S_FDS;
+    /* What every command starts with, set once here and inherited: no core dumps, and
+     * the OOM killer's default weight where the init protects itself with -1000 (best
+     * effort, as it was per command: with a user namespace the file belongs to the
+     * host's root, and the init's own protection did not take either). */
+    struct rlimit nocore = {0, 0};
+    if (!stage && setrlimit(RLIMIT_CORE, &nocore) < 0) stage = S_RLIMIT;
+    if (!stage) (void)write_file("/proc/self/oom_score_adj", "0");
     if (!stage && drop_zygote_privileges() < 0) stage = S_CAPS;
     if (stage) {
     } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
@@ -742,41 +746,28 @@ static _Noreturn void zygote_main(int s) {
         struct zrsp z = {0};
         z.id = x.h.id;
         char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
-        int ep[2];
         if (stage) {
             z.err = stage_err;
             z.stage = stage;
         } else if (parse_exec(buf, len, fds, nfds, &x, argv, envp) < 0) {
             z.err = EINVAL;
             z.stage = S_EXEC;
-        } else if (pipe2(ep, O_CLOEXEC) < 0) {
-            z.err = errno;
-            z.stage = S_FORK;
         } else {
             z.t0 = now_ns();
-            /* vfork-style: no page-table copy; the zygote waits until the
-             * child has exec'd (or failed), then reads the error pipe. */
-            struct child_args ca = {&x, ep[0], ep[1]};
+            /* vfork-style: no page-table copy; the zygote waits until the child has
+             * exec'd (or failed) and then reads what it left in ca.ce. */
+            struct child_args ca = {&x, {0, 0}};
             pid_t pid = clone(child_entry, child_stack + sizeof child_stack,
                               CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, &ca);
-            int e = errno;
-            close(ep[1]);
             if (pid < 0) {
-                z.err = e;
+                z.err = errno;
                 z.stage = S_FORK;
+            } else if (ca.ce.stage) {
+                z.stage = ca.ce.stage;
+                z.err = ca.ce.err;
             } else {
-                uint32_t msg[2];
-                ssize_t n;
-                do n = read(ep[0], msg, sizeof msg);
-                while (n < 0 && errno == EINTR);
-                if (n == sizeof msg) {
-                    z.stage = msg[0];
-                    z.err = (int32_t)msg[1];
-                } else {
-                    z.pid = pid;
-                }
+                z.pid = pid;
             }
-            close(ep[0]);
         }
         for (int i = 0; i < nfds; i++) close(fds[i]);
         while (send(s, &z, sizeof z, MSG_NOSIGNAL) < 0 && errno == EINTR) {
