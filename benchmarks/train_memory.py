@@ -54,7 +54,7 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
                 weights = {k: v.detach().to("cpu", copy=True) for k, v in weights.state_dict().items()}
             return await update(self, weights, version=version)
 
-        Engine.drop_prefix_cache = keep_prefixes
+        Engine.park = keep_prefixes
         Engine.update_weights = from_a_copy
     cfg = load_yaml(config)
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})

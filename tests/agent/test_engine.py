@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from tryloop.agent.engine import Engine, EngineClosed
+from tryloop.agent.engine import Engine, EngineClosed, EngineError
 from tryloop.agent.prefix_cache import PrefixCache
 
 
@@ -134,6 +134,36 @@ async def test_drop_prefix_cache_frees_it_and_keeps_the_weights(smollm2, prompts
         assert again.token_ids == before.token_ids and again.weights_versions == ("w0",)
     with pytest.raises(EngineClosed):
         await eng.drop_prefix_cache()
+
+
+def _weight_bytes(model) -> int:
+    return sum(st.nbytes() for st in {p.untyped_storage().data_ptr(): p.untyped_storage()
+                                      for p in model.parameters()}.values())
+
+
+async def test_park_frees_the_weights_until_the_next_update(smollm2, prompts):
+    model = copy.deepcopy(smollm2.model)
+    learner = copy.deepcopy(smollm2.model)            # float32, as a trainer holds it
+    async with Engine(model, smollm2.tokenizer, weights_version="w0", dtype="bfloat16") as eng:
+        full = _weight_bytes(eng.model)
+        before = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        await eng.park()
+        assert eng.parked and eng.stats().prefix_cache_bytes == 0
+        assert _weight_bytes(eng.model) == 0 < full        # every weight's memory is given back
+        # A request made while parked waits for the weights instead of reading freed memory.
+        waiting = asyncio.ensure_future(eng.generate(prompts[1], max_new_tokens=8, temperature=0))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        with pytest.raises(EngineError):                  # its own freed tensors are no weights
+            await eng.update_weights(eng.model)
+        with pytest.raises(RuntimeError):                 # a failed update leaves it parked
+            await eng.update_weights({"nope": torch.zeros(1)})
+        assert eng.parked and not waiting.done()
+        assert await eng.update_weights(learner, version="w1") == "w1"
+        assert not eng.parked and _weight_bytes(eng.model) == full
+        after = await waiting
+        assert after.token_ids == before.token_ids and after.weights_versions == ("w1",)
+        assert eng.model.lm_head.weight.data_ptr() == eng.model.model.embed_tokens.weight.data_ptr()
 
 
 async def test_prefix_cache_serves_the_next_turn(smollm2, prompts):

@@ -162,6 +162,7 @@ class _Update:
 @dataclass(eq=False)
 class _DropPrefixes:
     done: concurrent.futures.Future[None]
+    weights: bool = False          # also park the weights (`Engine.park`)
 
 
 _CLOSE = object()
@@ -232,6 +233,7 @@ class Engine:
         self._cache: _SlotCache | None = None  # the batch's KV cache, rows in `_rows` order
         self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20))
         self._closed = False
+        self._parked: list[tuple[Any, int]] = []   # (storage, bytes) of weights freed by `park`
         # Orders `generate`'s check-and-put against the worker's final drain, so no request
         # can slip into the inbox after nobody reads it any more.
         self._lock = threading.Lock()
@@ -306,6 +308,24 @@ class Engine:
             self._inbox.put(_DropPrefixes(done))
         await asyncio.wrap_future(done)
 
+    async def park(self) -> None:
+        """Free the prefix cache and the weights' memory until the next `update_weights`.
+
+        A trainer on the same host calls it before an update: the update makes both stale,
+        and the engine gets every weight back from the learner after it. Requests that come
+        while the engine is parked wait for that update. Weights whose storage cannot be
+        resized (memory-mapped from a file) are kept."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            self._inbox.put(_DropPrefixes(done, weights=True))
+        await asyncio.wrap_future(done)
+
+    @property
+    def parked(self) -> bool:
+        return bool(self._parked)
+
     def update_weights_blocking(self, weights: Any, *, version: str | None = None) -> str:
         """`update_weights` for a caller outside the event loop (a trainer thread)."""
         return self._submit_update(weights, version).result()
@@ -340,6 +360,9 @@ class Engine:
 
     def _submit_update(self, weights: Any, version: str | None) -> concurrent.futures.Future[str]:
         if weights is self.model:
+            if self._parked:
+                raise EngineError("the engine is parked: its weights must come from another model or a "
+                                  "state dict, not from its own freed tensors")
             state_dict = None
         elif isinstance(weights, torch.nn.Module):
             state_dict = weights.state_dict()
@@ -360,7 +383,7 @@ class Engine:
         crash: BaseException | None = None
         try:
             with torch.inference_mode():
-                while self._receive(block=not self._rows and not self._waiting):
+                while self._receive(block=not self._rows and (not self._waiting or bool(self._parked))):
                     self._admit()
                     if self._rows:
                         self._decode_step()
@@ -386,20 +409,45 @@ class Engine:
                 self._apply_update(msg)
             elif isinstance(msg, _DropPrefixes):
                 self._prefixes.clear()
+                if msg.weights:
+                    self._park_weights()
                 msg.done.set_result(None)
 
+    def _park_weights(self) -> None:
+        # Between steps no row runs (a parked engine admits none), so nothing reads the weights.
+        # Each storage is resized to nothing and back: the tensors keep their shapes, strides
+        # and identity, so the model needs no rebuilding and tied weights stay tied.
+        if self._parked or self._rows:
+            return
+        seen: set[int] = set()
+        for p in self.model.parameters():
+            st = p.untyped_storage()
+            if st.data_ptr() in seen or not st.resizable() or st.nbytes() == 0:
+                continue
+            seen.add(st.data_ptr())
+            self._parked.append((st, st.nbytes()))
+            st.resize_(0)
+
     def _apply_update(self, upd: _Update) -> None:
+        parked = self._parked
         try:
+            for st, nbytes in parked:     # room for the new weights; load_state_dict fills it all
+                st.resize_(nbytes)
             if upd.state_dict is not None:
                 self.model.load_state_dict(upd.state_dict, strict=True)
         except Exception as e:  # a bad state dict fails the caller, not the engine
+            for st, _ in parked:          # parked it stays: those bytes are not weights
+                st.resize_(0)
             upd.done.set_exception(e)
             return
+        self._parked = []
         self._prefixes.clear()                # computed with the old weights
         self._weights_version = upd.version
         upd.done.set_result(upd.version)
 
     def _admit(self) -> None:
+        if self._parked:                      # no weights until the next update
+            return
         joining: list[tuple[_Row, Any]] = []
         while self._waiting and len(self._rows) + len(joining) < self.max_batch:
             req = self._waiting.popleft()

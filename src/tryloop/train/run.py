@@ -341,8 +341,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             t0 = time.perf_counter()
             rollout_s = t0 - t_step
             torch.set_num_threads(all_threads)      # nothing else runs during the update
-            # The update makes the engine's cached prefixes stale: free them before it, not after.
-            await policy.engine.drop_prefix_cache()
+            # The update makes the engine's cached prefixes and weights stale: free both before it
+            # (the engine gets its weights back from the learner after it), not after.
+            await policy.engine.park()
             memory.release()
             try:
                 with memory.lean_heap():
