@@ -1,15 +1,18 @@
 """Peak memory of the whole train process, step by step: the train loop as it is, side by side with
-the loop without its update-memory measures (the engine's prefix cache kept through the update,
+the loop without parking the engine (its weights kept through the update), and the loop without
+any of its update-memory measures (the engine's prefix cache and weights kept through the update,
 no lean heap, the engine loading a full copy of the exported weights).
 
-    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--out FILE]
+    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--configs train_loop,without_park]
+                                      [--out FILE]
 
 `--config` names a tryloop config whose task store holds a suite (`tryloop tasks build-default`),
 with the learning zone of the default model measured in it (the first `tryloop train` there, or
-`tryloop tasks zone`): each configuration runs `tryloop train`'s loop for `--steps` steps with the
-default settings in a fresh process (peak RSS is a per-process high-water mark), both at once so
-load on the machine hits both alike, and reads the per-step `peak_rss_mb` and update time the run
-records. The reward version's regression gate is not required: no reward here is a result.
+`tryloop tasks zone`), or whose `train.zone` is false: each configuration runs `tryloop train`'s
+loop for `--steps` steps with the config's train settings in a fresh process (peak RSS is a per-process high-water mark), all at once so
+load on the machine hits them alike, and reads the per-step `peak_rss_mb` and update time the run
+records (no held-out evaluation runs). The reward version's regression gate is not required: no
+reward here is a result.
 Writes results-train-memory.json beside this file (or --out).
 """
 
@@ -24,7 +27,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("train_loop", "without_memory_measures")
+#: the loop as it is; without parking the engine (its prefix cache is still dropped); without any of
+#: the update-memory measures.
+CONFIGS = ("train_loop", "without_park", "without_memory_measures")
 
 
 def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
@@ -37,7 +42,6 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
     from tryloop.agent.engine import Engine
     from tryloop.config import load_yaml
     from tryloop.train import memory
-    from tryloop.train.run_config import TrainRunConfig
 
     run.require_approved = lambda *a, **k: None
     if name == "without_memory_measures":
@@ -56,10 +60,13 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
 
         Engine.park = keep_prefixes
         Engine.update_weights = from_a_copy
+    elif name == "without_park":
+        Engine.park = Engine.drop_prefix_cache      # the engine keeps its weights through the update
     cfg = load_yaml(config)
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})
     run_id = f"memory-{name}-{int(time.time())}"
-    tcfg = TrainRunConfig(run_id=run_id, steps=steps + 1, eval_at_start=False, check_source=None)
+    tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps + 1, "eval_at_start": False,
+                                        "eval_every": 10_000, "check_source": None})   # the steps alone
     result = asyncio.run(run.train(cfg, tcfg, stop_after_step=steps - 1))
     return [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
             for row in result.metrics]
@@ -70,16 +77,21 @@ def main() -> None:
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results-train-memory.json")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"comma-separated, run side by side (default: all of {', '.join(CONFIGS)})")
     ap.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--runs-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    if not configs or set(configs) - set(CONFIGS) or "train_loop" not in configs:
+        ap.error(f"--configs: train_loop and any of {', '.join(CONFIGS[1:])}")
     if args.one:
         print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir)))
         return
     with tempfile.TemporaryDirectory(prefix="tryloop-train-memory-") as runs_dir:
         procs = {name: subprocess.Popen([sys.executable, __file__, "--one", name, "--config", str(args.config),
                                          "--steps", str(args.steps), "--runs-dir", runs_dir],
-                                        stdout=subprocess.PIPE, text=True) for name in CONFIGS}
+                                        stdout=subprocess.PIPE, text=True) for name in configs}
         rows = {}
         for name, p in procs.items():
             out, _ = p.communicate()
@@ -89,8 +101,8 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps,
               **{name: {"peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs), "steps": rs}
                  for name, rs in rows.items()}}
-    result["peak_ratio"] = result["train_loop"]["peak_rss_mb_max"] / \
-        result["without_memory_measures"]["peak_rss_mb_max"]
+    result["peak_ratio"] = {f"train_loop/{name}": result["train_loop"]["peak_rss_mb_max"] / result[name]["peak_rss_mb_max"]
+                            for name in configs if name != "train_loop"}
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
