@@ -372,6 +372,10 @@ def test_sdist_index_hashes_schemes_and_pep691(tmp_path, monkeypatch):
         find_sdist("evilpkg==1.0", index_url="ftp://example.invalid/simple")
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     assert pip_index_url() == "http://127.0.0.1:9/simple"
+    monkeypatch.delenv("PIP_INDEX_URL")
+    (tmp_path / "pip.conf").write_text(f"[global]\nindex-url = {index.as_uri()}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "pip.conf"))
+    assert pip_index_url() == index.as_uri()
 
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     pages = {"/simple/evilpkg/": {"meta": {"api-version": "1.0"}, "name": "evilpkg", "files": [

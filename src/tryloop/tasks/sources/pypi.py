@@ -75,8 +75,10 @@ def pip_index_url() -> str:
     if os.environ.get("PIP_INDEX_URL"):
         return os.environ["PIP_INDEX_URL"].split()[0]
     try:
-        res = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        # -P and cwd="/": the working directory is not on sys.path, so a `pip/` there is not imported.
+        res = subprocess.run([sys.executable, "-P", "-m", "pip", "config", "list"], capture_output=True,
+                             text=True, timeout=60, cwd="/",
+                             env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
         found = dict(re.findall(r"^([\w:.-]+)='(.*)'$", res.stdout, re.M)) if res.returncode == 0 else {}
     except (OSError, subprocess.TimeoutExpired):
         found = {}
