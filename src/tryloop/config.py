@@ -100,6 +100,9 @@ class TasksConfig(_Model):
     eval_fraction_by_source: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
         {"functions": 0.5}, description="share of split groups held out, per task source (overrides "
                                         "eval_fraction for that source)")
+    pypi_index_url: str | None = Field(None, description="`tasks synth --pypi`: the simple index (PEP 503/691, "
+                                                         "http(s):// or file://) sdists are fetched from; null: "
+                                                         "the host pip's index-url, else PyPI")
     seed: int = 0
 
     def eval_fraction_for(self, source: str | None) -> float:

@@ -4,9 +4,11 @@ in real sandboxes."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -250,6 +252,168 @@ def test_sdist_extraction_refuses_members_leaving_the_tree(tmp_path):
     assert not (tmp_path / "work" / "src" / "evil.py").exists() and not (tmp_path / "evil.py").exists()
     with pytest.raises(SourceError, match="must pin one version"):
         project_from_sdist("six>=1", tmp_path / "w2")
+
+
+def _evil_index(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A local PEP 503 index holding `evilpkg==1.0`, an sdist whose build backend (in-tree, needing
+    nothing from an index) and setup.py write a marker to a host path and copy /etc/shadow there."""
+    host = tmp_path / "host"
+    host.mkdir()
+    payload = textwrap.dedent(f"""\
+        import os, shutil
+        open({str(host / "marker")!r}, "w").write(str(os.getuid()))
+        try:
+            shutil.copyfile("/etc/shadow", {str(host / "shadow")!r})
+        except OSError:
+            pass
+        """)
+    index = tmp_path / "index"
+    (index / "evilpkg").mkdir(parents=True)
+    archive = _sdist(index / "evilpkg" / "evilpkg-1.0.tar.gz", {
+        "evilpkg-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n",
+        "evilpkg-1.0/pyproject.toml": """\
+            [build-system]
+            requires = []
+            build-backend = "backend"
+            backend-path = ["."]
+            """,
+        "evilpkg-1.0/backend.py": payload + textwrap.dedent("""\
+            def get_requires_for_build_wheel(config_settings=None):
+                return []
+
+            def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+                os.makedirs(os.path.join(metadata_directory, "evilpkg-1.0.dist-info"))
+                with open(os.path.join(metadata_directory, "evilpkg-1.0.dist-info", "METADATA"), "w") as f:
+                    f.write("Metadata-Version: 2.1\\nName: evilpkg\\nVersion: 1.0\\n")
+                return "evilpkg-1.0.dist-info"
+            """),
+        "evilpkg-1.0/setup.py": payload + "from setuptools import setup\nsetup(name='evilpkg', version='1.0')\n",
+        "evilpkg-1.0/evilpkg/__init__.py": "def one():\n    return 1\n",
+        "evilpkg-1.0/tests/test_evilpkg.py": "from evilpkg import one\n\ndef test_one():\n    assert one() == 1\n",
+    })
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    (index / "evilpkg" / "index.html").write_text(
+        f'<html><body><a href="evilpkg-1.0.tar.gz#sha256={digest}">evilpkg-1.0.tar.gz</a></body></html>\n')
+    return index, archive, host
+
+
+def test_pypi_import_runs_no_code_from_the_sdist_on_the_host(tmp_path, monkeypatch):
+    """The importer fetches the sdist from the index pip is configured with (here PIP_INDEX_URL, a local
+    index) and runs nothing of it on the host: neither its build backend nor its setup.py."""
+    index, archive, host = _evil_index(tmp_path)
+    monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
+    try:
+        p = project_from_sdist("EvilPkg==1.0", tmp_path / "work")
+    except SourceError as e:
+        p = e
+    leaked = sorted(x.name for x in host.iterdir())
+    assert leaked == [], f"the sdist's code ran on the host: {leaked}"
+    assert not isinstance(p, SourceError), p
+    assert p.name == "evilpkg" and p.source == "pypi" and p.test_paths == ["tests"]
+    assert p.origin["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert p.origin["sdist"] == "evilpkg-1.0.tar.gz" and p.origin["spec"] == "EvilPkg==1.0"
+
+
+def test_pypi_import_through_the_cli_flag_runs_nothing_on_the_host(tmp_path, monkeypatch):
+    """`tryloop tasks synth --pypi evilpkg==1.0 --index-url file://...`: the flag sets tasks.pypi_index_url,
+    the sdist is fetched from there, nothing of it runs on the host (the gate is stubbed out here)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tryloop.cli.main import app as cli
+
+    index, _, host = _evil_index(tmp_path)
+    seen = {}
+
+    async def fake_synthesize(rt, store, project, work, **kw):
+        seen["project"] = project
+        return []
+
+    monkeypatch.setattr("tryloop.tasks.factory.synthesize", fake_synthesize)
+    monkeypatch.setattr("tryloop.sandbox.SandboxRuntime", lambda cfg: None)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"tasks": {"store_url": str(tmp_path / "store"),
+                                             "work_dir": str(tmp_path / "work")}}))
+    r = CliRunner().invoke(cli, ["tasks", "synth", "--pypi", "evilpkg==1.0", "--index-url", index.as_uri(),
+                                 "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert sorted(x.name for x in host.iterdir()) == []
+    p = seen["project"]
+    assert p.name == "evilpkg" and p.origin["sdist"] == "evilpkg-1.0.tar.gz"
+    r = CliRunner().invoke(cli, ["tasks", "synth", "--pypi", "evilpkg==2.0", "--index-url", index.as_uri(),
+                                 "--config", str(cfg)])
+    assert r.exit_code != 0 and "lists no sdist for evilpkg==2.0" in r.output, r.output
+
+
+def test_sdist_index_hashes_schemes_and_pep691(tmp_path, monkeypatch):
+    """The index's sha256 is checked; a wheel-only or missing version is a clear error; an http index
+    may not point at file:// links; a PEP 691 JSON page is read; PIP_INDEX_URL is honoured."""
+    import http.server
+    import threading
+
+    from tryloop.tasks.sources.pypi import download_sdist, find_sdist, pip_index_url
+
+    index, archive, host = _evil_index(tmp_path)
+    page = index / "evilpkg" / "index.html"
+    good = page.read_text()
+    page.write_text(re.sub(r"sha256=[0-9a-f]{64}", "sha256=" + "0" * 64, good))
+    with pytest.raises(SourceError, match="is not the index's"):
+        download_sdist("evilpkg==1.0", tmp_path / "dl", index_url=index.as_uri())
+    assert not any((tmp_path / "dl").iterdir())
+    page.write_text('<a href="evilpkg-1.0-py3-none-any.whl">w</a><a href="evilpkg-1.1.tar.gz">s</a>')
+    with pytest.raises(SourceError, match="lists no sdist for evilpkg==1.0"):
+        find_sdist("evilpkg==1.0", index_url=index.as_uri())
+    page.unlink()  # no index.html: the archives in the directory
+    assert find_sdist("evilpkg==1.0", index_url=index.as_uri())["filename"] == "evilpkg-1.0.tar.gz"
+    with pytest.raises(SourceError, match="not in the index"):
+        find_sdist("other==1.0", index_url=index.as_uri())
+    with pytest.raises(SourceError, match="only http"):
+        find_sdist("evilpkg==1.0", index_url="ftp://example.invalid/simple")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    assert pip_index_url() == "http://127.0.0.1:9/simple"
+    monkeypatch.delenv("PIP_INDEX_URL")
+    (tmp_path / "pip.conf").write_text(f"[global]\nindex-url = {index.as_uri()}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "pip.conf"))
+    assert pip_index_url() == index.as_uri()
+
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    pages = {"/simple/evilpkg/": {"meta": {"api-version": "1.0"}, "name": "evilpkg", "files": [
+        {"filename": "evilpkg-1.0.tar.gz", "url": "../../files/evilpkg-1.0.tar.gz", "hashes": {"sha256": digest}}]},
+             "/bad/evilpkg/": {"meta": {"api-version": "1.0"}, "name": "evilpkg", "files": [
+        {"filename": "evilpkg-1.0.tar.gz", "url": archive.as_uri(), "hashes": {}}]}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path in pages:
+                body, ctype = json.dumps(pages[self.path]).encode(), "application/vnd.pypi.simple.v1+json"
+            elif self.path == "/files/evilpkg-1.0.tar.gz":
+                body, ctype = archive.read_bytes(), "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        p = project_from_sdist("evilpkg==1.0", tmp_path / "work", index_url=base + "/simple")
+        assert p.origin["sha256"] == digest and p.test_paths == ["tests"]
+        with pytest.raises(SourceError, match="scheme other than"):
+            find_sdist("evilpkg==1.0", index_url=base + "/bad")
+        with pytest.raises(SourceError, match="not in the index"):
+            find_sdist("nothing==1.0", index_url=base + "/simple")
+    finally:
+        server.shutdown()
+    assert sorted(x.name for x in host.iterdir()) == []
 
 
 @pytest.mark.network

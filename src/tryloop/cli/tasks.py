@@ -27,7 +27,8 @@ Seed = Annotated[int | None, typer.Option("--seed", help="tasks.seed")]
 
 def _cfg(config, **kw):
     names = {"store": "tasks.store_url", "k": "tasks.gate_k", "budget": "tasks.time_budget_s",
-             "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed"}
+             "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed",
+             "index_url": "tasks.pypi_index_url"}
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
 
 
@@ -149,6 +150,9 @@ def synth(
     path: Annotated[Path | None, typer.Argument(help="a project directory with passing tests")] = None,
     git: Annotated[str | None, typer.Option("--git", help="a git repository (path or file:// URL)")] = None,
     pypi: Annotated[str | None, typer.Option("--pypi", help="an sdist from PyPI: name==version")] = None,
+    index_url: Annotated[str | None, typer.Option("--index-url", help="--pypi: the simple index to fetch the "
+                                                                      "sdist from (http(s):// or file://; "
+                                                                      "tasks.pypi_index_url)")] = None,
     keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
     operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
@@ -171,7 +175,7 @@ def synth(
     from tryloop.tasks.families import FAMILIES
     from tryloop.tasks.gate import GateReport
 
-    cfg = _cfg(config, store=store, k=k, seed=seed)
+    cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url)
     work = _work_dir(cfg)
     if family is not None:
         if family not in FAMILIES:
@@ -190,7 +194,8 @@ def synth(
         print_report(report, f"{family}: {report.total_kept} task(s) kept")
         return
     if pypi:
-        project = run_cli(sources.project_from_sdist, pypi, work / "sdist")
+        project = run_cli(sources.project_from_sdist, pypi, work / "sdist", test_command=test_command,
+                          index_url=cfg.tasks.pypi_index_url)
     elif git:
         project = run_cli(sources.project_from_git, git, work_dir=work / "git", test_command=test_command)
     elif path:

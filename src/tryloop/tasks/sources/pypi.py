@@ -2,31 +2,48 @@
 
     project = project_from_sdist("more-itertools==10.2.0", work_dir)
 
-`pip download --no-deps --no-binary=:all:` fetches the sdist (pip is the
-registry's ordinary client; note that pip prepares the sdist's metadata, which
-runs its build backend on this host, as any `pip download` of an sdist does).
+Nothing from the sdist runs on this host. `pip download` of an sdist would run
+its build backend (setup.py, PEP 517 hooks) here to prepare its metadata, as
+this host's root, so the importer does not use pip: it reads the project's page
+on a PEP 503 / PEP 691 simple index with urllib, picks the sdist whose file name
+is `name-version` with an archive suffix, downloads it and checks its sha256
+against the index's hash (the `#sha256=` fragment, or the JSON `hashes`). The
+index is the one given (`index_url=`, `tryloop tasks synth --index-url`,
+`tasks.pypi_index_url`), else the one this host's pip is configured with
+(`PIP_INDEX_URL`, then pip's `download.index-url` / `global.index-url`), else
+https://pypi.org/simple. A `file://` index is a local directory: `<name>/index.html`
+as pip expects, or else the archives found in `<name>/`.
+
 The archive is extracted with tarfile's `data` filter (no absolute paths, no
 `..`, no links out of the tree, no devices), its project root found, and its
 tests detected like a local directory's (`tests/`, `test/`, `test_*.py`...).
 
-The project is not installed in the sandbox: the test command is
+The project is not built or installed: the test command is
 `python3 -m pytest -q <test paths>`, which imports a flat-layout package from
 the working directory, plus `-o pythonpath=src` for a src layout (see
-`default_test_command`). Packages whose tests need compiled extensions, a
-build step or dependencies missing from the sandbox image fail the quality
-gate instead of passing here.
+`default_test_command`); the sdist's own code first runs there, in the task's
+sandbox (quality gate, verifier). Packages whose tests need compiled extensions,
+a build step or dependencies missing from the sandbox image fail the quality
+gate instead of passing here; what they need is built into an image
+(`tryloop image build`), whose steps run in build sandboxes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 from tryloop.tasks.project import Project
@@ -34,6 +51,9 @@ from tryloop.tasks.sources.local import SourceError, project_from_dir, validate_
 
 _SPEC_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*$")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
+DEFAULT_INDEX_URL = "https://pypi.org/simple"
+MAX_SDIST_BYTES = 1 << 30
+_JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 
 def normalize_name(name: str) -> str:
@@ -49,28 +69,156 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def download_sdist(spec: str, dest: Path, *, timeout: float = 300) -> Path:
-    """Download the sdist for `spec` into `dest` with pip; return the archive's path."""
-    parse_spec(spec)
+def pip_index_url() -> str:
+    """The index this host's pip uses: PIP_INDEX_URL, else pip's configured `index-url` (download.,
+    then global.), else PyPI. Reading pip's configuration runs pip, not any package."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"].split()[0]
+    try:
+        # -P and cwd="/": the working directory is not on sys.path, so a `pip/` there is not imported.
+        res = subprocess.run([sys.executable, "-P", "-m", "pip", "config", "list"], capture_output=True,
+                             text=True, timeout=60, cwd="/",
+                             env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        found = dict(re.findall(r"^([\w:.-]+)='(.*)'$", res.stdout, re.M)) if res.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired):
+        found = {}
+    for key in ("download.index-url", "global.index-url"):
+        if found.get(key):
+            return found[key].split()[0]
+    return DEFAULT_INDEX_URL
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pragma: no cover - packaging ships with pip and pytest
+        return a.lower() == b.lower()
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a.lower() == b.lower()
+
+
+def _sdist_of(filename: str, name: str, version: str) -> bool:
+    """Is `filename` the sdist of name==version (`name-version.tar.gz`, name compared normalized)?"""
+    suffix = next((s for s in ARCHIVE_SUFFIXES if filename.endswith(s)), None)
+    if suffix is None or "/" in filename or "\\" in filename:
+        return False
+    stem = filename[: -len(suffix)]
+    if "-" not in stem:
+        return False
+    got_name, got_version = stem.rsplit("-", 1)
+    return normalize_name(got_name) == normalize_name(name) and _same_version(got_version, version)
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            a = dict(attrs)
+            if a.get("href"):
+                self.links.append(a)
+
+
+def _open(url: str, timeout: float, accept: str | None = None):
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - schemes checked by the callers
+
+
+def _index_files(index_url: str, name: str, timeout: float) -> list[dict]:
+    """The files the index lists for `name`: [{filename, url, sha256 | None, yanked}]."""
+    scheme = urllib.parse.urlsplit(index_url).scheme
+    page = index_url.rstrip("/") + "/" + normalize_name(name) + "/"
+    files: list[dict] = []
+    if scheme == "file":
+        root = Path(urllib.request.url2pathname(urllib.parse.urlsplit(page).path))
+        if (root / "index.html").is_file():
+            body, ctype, page = (root / "index.html").read_text(errors="replace"), "text/html", \
+                (root / "index.html").as_uri()
+        elif root.is_dir():
+            return [{"filename": p.name, "url": p.as_uri(), "sha256": None, "yanked": False}
+                    for p in sorted(root.iterdir()) if p.is_file()]
+        else:
+            raise SourceError(f"{name} is not in the index {index_url} (no {root})")
+    elif scheme in ("http", "https"):
+        try:
+            with _open(page, timeout, f"{_JSON_TYPE}, text/html;q=0.1") as r:
+                ctype = r.headers.get("Content-Type", "")
+                page = r.geturl()
+                body = r.read(64 << 20).decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                raise SourceError(f"{name} is not in the index {index_url}") from None
+            raise SourceError(f"index {page}: HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise SourceError(f"index {page}: {getattr(e, 'reason', e)}") from None
+    else:
+        raise SourceError(f"index URL {index_url!r}: only http(s):// and file:// indexes are supported")
+    if ctype.startswith(_JSON_TYPE):
+        try:
+            for f in json.loads(body).get("files", []):
+                files.append({"filename": f["filename"], "url": urllib.parse.urljoin(page, f["url"]),
+                              "sha256": (f.get("hashes") or {}).get("sha256"), "yanked": bool(f.get("yanked"))})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SourceError(f"index {page}: malformed PEP 691 page ({e})") from None
+        return files
+    parser = _Links()
+    parser.feed(body)
+    for a in parser.links:
+        url = urllib.parse.urljoin(page, a["href"])
+        parts = urllib.parse.urlsplit(url)
+        m = re.search(r"(?:^|&)sha256=([0-9a-fA-F]{64})(?:&|$)", parts.fragment)
+        files.append({"filename": urllib.parse.unquote(parts.path.rsplit("/", 1)[-1]),
+                      "url": parts._replace(fragment="").geturl(), "sha256": m.group(1).lower() if m else None,
+                      "yanked": "data-yanked" in a})
+    return files
+
+
+def find_sdist(spec: str, *, index_url: str | None = None, timeout: float = 60) -> dict:
+    """The sdist the index lists for `name==version`: {filename, url, sha256 | None, yanked}. A
+    non-yanked file is preferred (a pin may select a yanked one, PEP 592), then `.tar.gz`."""
+    name, version = parse_spec(spec)
+    index_url = index_url or pip_index_url()
+    found = [f for f in _index_files(index_url, name, timeout) if _sdist_of(f["filename"], name, version)]
+    if not found:
+        raise SourceError(f"{index_url} lists no sdist for {spec} (only wheels, or no such version)")
+    index_scheme = urllib.parse.urlsplit(index_url).scheme
+    allowed = ("file",) if index_scheme == "file" else ("http", "https")
+    found = [f for f in found if urllib.parse.urlsplit(f["url"]).scheme in allowed]
+    if not found:
+        raise SourceError(f"{index_url}: the sdist of {spec} is linked with a scheme other than {allowed}")
+    found.sort(key=lambda f: (f["yanked"], next(i for i, s in enumerate(ARCHIVE_SUFFIXES)
+                                                  if f["filename"].endswith(s))))
+    return found[0]
+
+
+def download_sdist(spec: str, dest: Path, *, index_url: str | None = None, timeout: float = 300) -> Path:
+    """Download the sdist for `spec` from the index into `dest`; return the archive's path. Nothing
+    of it runs: the file is fetched with urllib and its sha256 checked against the index's."""
+    f = find_sdist(spec, index_url=index_url, timeout=min(timeout, 60))
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=dest))
+    fd, tmp_name = tempfile.mkstemp(prefix=".sdist-", dir=dest)
+    tmp = Path(tmp_name)
+    h, size = hashlib.sha256(), 0
     try:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "20",
-               "-q", "-d", str(tmp), spec]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise SourceError(f"pip download {spec} took more than {timeout:.0f}s") from None
-        if res.returncode != 0:
-            raise SourceError(f"pip download {spec} failed: {(res.stderr or res.stdout).strip()[-2000:]}")
-        got = [p for p in tmp.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
-        if len(got) != 1:
-            raise SourceError(f"pip download {spec}: expected one sdist, got {sorted(p.name for p in got)}")
-        return Path(shutil.move(got[0], dest / got[0].name))
+        with os.fdopen(fd, "wb") as out, _open(f["url"], timeout) as r:
+            for block in iter(lambda: r.read(1 << 20), b""):
+                size += len(block)
+                if size > MAX_SDIST_BYTES:
+                    raise SourceError(f"{f['filename']}: larger than {MAX_SDIST_BYTES >> 20} MiB")
+                h.update(block)
+                out.write(block)
+        if f["sha256"] and h.hexdigest() != f["sha256"]:
+            raise SourceError(f"{f['filename']}: sha256 {h.hexdigest()} is not the index's {f['sha256']}")
+        return Path(shutil.move(tmp, dest / f["filename"]))
+    except (urllib.error.URLError, OSError) as e:
+        raise SourceError(f"download of {f['url']} failed: {getattr(e, 'reason', e)}") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path) -> str:
@@ -128,12 +276,14 @@ def project_from_archive(archive: str | Path, work_dir: str | Path, *, spec: str
 
 
 def project_from_sdist(spec: str, work_dir: str | Path, *, test_command: str | None = None,
-                       test_paths: list[str] | None = None) -> Project:
-    """Download `name==version`'s sdist from PyPI into `work_dir` and make a Project of it.
+                       test_paths: list[str] | None = None, index_url: str | None = None) -> Project:
+    """Download `name==version`'s sdist from the index (see `pip_index_url`) into `work_dir` and make a
+    Project of it. Nothing of the sdist runs on this host.
 
     origin = {'sdist': file name, 'sha256': of the archive, 'spec': spec}.
     """
+    parse_spec(spec)
     work_dir = Path(work_dir)
-    archive = download_sdist(spec, work_dir / "sdist")
+    archive = download_sdist(spec, work_dir / "sdist", index_url=index_url)
     return project_from_archive(archive, work_dir, spec=spec, test_command=test_command,
                                 test_paths=test_paths)
