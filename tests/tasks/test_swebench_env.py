@@ -185,6 +185,21 @@ async def test_instances_of_one_version_share_one_image_and_are_judged_on_it(run
 
 
 @needs_root
+async def test_a_dependency_that_cannot_be_installed_is_a_build_error(runtime, tmp_path):
+    from tryloop.sandbox.dockerfile import BuildError
+
+    wheels = tmp_path / "wheels"
+    wheel(wheels)
+    repo, (inst, _) = make_repo(tmp_path, f"from {DEP} import shout", "shout('hello, ' + name)",
+                                "tinydep-tryloop==1.0")
+    task = task_from_instance({**inst, "requirements": ["tinydep-tryloop==9.9"]}, repo, tmp_path / "t")
+    with pytest.raises(BuildError, match=r"(?s)swebench/acme__greeter-1: the environment swebench/acme__greeter:1.0 "
+                                         r"did not build: .*pip --no-index.*tinydep-tryloop==9.9"):
+        await build_environment(runtime, task, find_links=wheels)
+    assert Task.load(task.root).meta.image is None
+
+
+@needs_root
 @pytest.mark.network
 async def test_the_dependencies_come_from_pypi(runtime, tmp_path):
     """`six` (not in tryloop's environment) from the package index, in a build sandbox."""

@@ -41,7 +41,7 @@ Lines that are pip options (`-r`, `-e`, `-c`, `--index-url`...) or local paths a
 (listed in `origin.environment.skipped`): the repository itself is not installed, it is the
 task's workspace, imported by the tests from the working directory. The key of an
 environment is (repo, version): the instance's `version`, or else its base commit. Its
-image (`environment_spec`) is the host-derived root (or another base) with one pip step
+image (`environment_spec`) is the host-derived root with one pip step
 installing the dependencies into /opt/tryloop/site, which is on the image's PYTHONPATH;
 `build_environment` builds it (the pip step runs in a build sandbox, with the network the
 builder gives build steps), names it `swebench/<owner>__<name>:<version>` and records its id
@@ -319,11 +319,12 @@ def needs_image(task: Task) -> bool:
     return bool(isinstance(env, dict) and env.get("requirements"))
 
 
-def environment_spec(task: Task, *, base: str = "host", find_links: str | Path | None = None):
-    """The image spec of the task's environment: `base` (an image id; "host", the
-    host-derived root, by default) and one pip step installing the dependencies into
-    /opt/tryloop/site. `find_links`: a local directory of wheels and sdists, laid into the
-    image at /opt/wheels and installed from with `--no-index` (offline)."""
+def environment_spec(task: Task, *, find_links: str | Path | None = None):
+    """The image spec of the task's environment: the host-derived root and one pip step
+    installing the dependencies into /opt/tryloop/site, with the host's Python (the
+    interpreter the tests run with, so the wheels pip picks match it). `find_links`: a local
+    directory of wheels and sdists, laid into the image at /opt/wheels and installed from
+    with `--no-index` (offline)."""
     from tryloop.sandbox.build import ImageSpec, Step
 
     reqs = task.meta.origin["environment"]["requirements"]
@@ -333,40 +334,30 @@ def environment_spec(task: Task, *, base: str = "host", find_links: str | Path |
         steps.append(Step(files={WHEELS: str(Path(find_links).resolve())}))
         pip = ["--no-index", "--find-links", WHEELS]
     steps.append(Step(pip=[*pip, *reqs]))
-    return ImageSpec(base=base, steps=steps)
+    return ImageSpec(base="host", steps=steps)
 
 
-async def build_environment(runtime, task: Task, *, base: str | None = None, find_links: str | Path | None = None,
+async def build_environment(runtime, task: Task, *, find_links: str | Path | None = None,
                             on_step=None) -> str | None:
     """Build the environment image of an imported SWE-bench-style task (`environment_spec`),
     name it `swebench/<owner>__<name>:<version>`, record its id on the task (`meta.image`,
     part of its fingerprint) and return it; None, and nothing changed, for a task without
-    dependencies. `base`: an image (a name or an id, e.g. a Debian root) instead of the
-    host-derived root; the build then runs on it with the host's Python bound in (the
-    interpreter the tests run with, so the wheels pip picks match it). A failing
-    installation raises BuildError naming the task and the step."""
+    dependencies. A failing installation raises BuildError naming the task and the step."""
     from tryloop.errors import SandboxError
     from tryloop.sandbox.build import build_image
-    from tryloop.sandbox.catalog import resolve, tag_image
+    from tryloop.sandbox.catalog import tag_image
     from tryloop.sandbox.dockerfile import BuildError
 
     if not needs_image(task):
         return None
-    base_id = "host"
-    if base not in (None, "host"):
-        try:
-            base_id = runtime.with_host_python(resolve(runtime.store, base)).id
-        except KeyError:
-            raise BuildError(f"{task.id}: base image {base} is not in the image store {runtime.store.root}") from None
-    spec = environment_spec(task, base=base_id, find_links=find_links)
+    spec = environment_spec(task, find_links=find_links)
     try:
         image = await build_image(runtime, spec, on_step=on_step and (
             lambda i, n, what, hit: on_step(f"{i}/{n} {what} ({'cached' if hit else 'built'})")))
     except SandboxError as e:
-        raise BuildError(f"{task.id}: the environment of {environment_tag(task)} did not build: {e}") from None
+        raise BuildError(f"{task.id}: the environment {environment_tag(task)} did not build: {e}") from None
     tag_image(runtime.store, environment_tag(task), image.id)
     origin = dict(task.meta.origin)
-    origin["environment"] = {**origin["environment"], "image": image.id, "tag": environment_tag(task),
-                             "base": base or "host"}
+    origin["environment"] = {**origin["environment"], "image": image.id, "tag": environment_tag(task)}
     task.save_meta(task.meta.model_copy(update={"image": image.id, "origin": origin}))
     return image.id
