@@ -68,16 +68,30 @@ def _progress() -> Progress:
                     TextColumn("[dim]{task.fields[last]}"), console=console)
 
 
-async def _build_environments(rt, cfg, tasks) -> None:
-    """Imported Harbor tasks whose Dockerfile has RUN steps: build their environment images."""
+async def _build_environments(rt, cfg, tasks, find_links: Path | None = None) -> None:
+    """Imported Harbor tasks whose Dockerfile has RUN steps, and SWE-bench-style instances
+    with dependencies: build their environment images."""
+    import time
+
     from tryloop.sandbox.dockerfile import BuildError, BuildOptions
+    from tryloop.tasks.sources import swebench
     from tryloop.tasks.sources.harbor import build_environment, needs_image
 
     ic = cfg.images
     opts = BuildOptions(build_args=dict(ic.build_args), network=ic.build_network, timeout_s=ic.build_timeout_s,
                         memory_mb=ic.build_memory_mb, disk_mb=ic.build_disk_mb)
     for task in tasks:
-        if needs_image(task):
+        if swebench.needs_image(task):
+            console.print(f"the environment of {task.id}: {swebench.environment_tag(task)}")
+            t0 = time.perf_counter()
+            try:
+                iid = await swebench.build_environment(rt, task, find_links=find_links,
+                                                       on_step=lambda m: console.print(f"  {m}"))
+            except BuildError as e:
+                raise BuildError(f"{e}\n(or import with --no-build: the host-derived root, the dependencies "
+                                 "not installed)") from None
+            console.print(f"  image {iid} ({time.perf_counter() - t0:.2f}s)")
+        elif needs_image(task):
             console.print(f"building the environment of {task.id} from {task.root / 'environment' / 'Dockerfile'}")
             try:
                 iid = await build_environment(rt, task, options=opts, on_step=lambda m: console.print(f"  {m}"))
@@ -87,14 +101,15 @@ async def _build_environments(rt, cfg, tasks) -> None:
             console.print(f"  image {iid}")
 
 
-async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False, build: bool = False):
+async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False, build: bool = False,
+                     find_links: Path | None = None):
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks.factory import admit
     from tryloop.tasks.gate import GateReport
 
     rt = SandboxRuntime(cfg.runtime)
     if build:
-        await _build_environments(rt, cfg, tasks)
+        await _build_environments(rt, cfg, tasks, find_links)
     store, report = _store(cfg), GateReport()
     with _progress() as prog:
         bar = prog.add_task("gating", total=len(tasks), last="")
@@ -112,12 +127,16 @@ def import_(
     limit: Annotated[int | None, typer.Option("--limit", help="at most this many (HumanEval, SWE-bench)")] = None,
     swebench: Annotated[Path | None, typer.Option("--swebench", help="SWE-bench-style instances (JSON/JSONL)")] = None,
     repo: Annotated[Path | None, typer.Option("--repo", help="the repository at the instances' base commit")] = None,
-    no_build: Annotated[bool, typer.Option("--no-build", help="a Harbor task: keep the host-derived root "
-                                                             "(its Dockerfile's RUN steps not executed)")] = False,
+    no_build: Annotated[bool, typer.Option("--no-build", help="keep the host-derived root: a Harbor task's "
+                                                             "Dockerfile RUN steps not executed, a SWE-bench "
+                                                             "instance's dependencies not installed")] = False,
+    find_links: Annotated[Path | None, typer.Option("--find-links", help="SWE-bench: install the dependencies "
+                                                    "from this directory of wheels (offline, pip --no-index)")] = None,
     store: StoreUrl = None, k: K = None, config: ConfigOpt = None,
 ) -> None:
     """Import tasks, gate them in sandboxes and add what passes to the store. A plain Harbor
-    task whose Dockerfile has RUN steps runs on its own image, built first."""
+    task whose Dockerfile has RUN steps, and a SWE-bench-style instance whose repository
+    declares dependencies, run on their own image, built first (one per repository version)."""
     cfg = _cfg(config, store=store, k=k)
     work = _work_dir(cfg)
     from tryloop.tasks import sources
@@ -141,7 +160,9 @@ def import_(
         group = tasks[0].meta.source
     else:
         raise typer.BadParameter("give a task directory, --humaneval or --swebench")
-    report = run_cli(lambda: asyncio.run(_admit_all(cfg, tasks, group, build=not no_build)))
+    if find_links is not None and not find_links.is_dir():
+        raise typer.BadParameter(f"--find-links {find_links}: not a directory")
+    report = run_cli(lambda: asyncio.run(_admit_all(cfg, tasks, group, build=not no_build, find_links=find_links)))
     print_report(report, f"import into {cfg.tasks.store_url}")
 
 

@@ -322,13 +322,15 @@ def with_host_python(store: LayerStore, base: Image) -> Image:
 
     The bound interpreter uses the image's C library and shared libraries (a Debian root of
     the host's release has what it needs). Cached: the same base on the same host gives the
-    same id. HOME defaults to /tmp when the base names none."""
+    same id. HOME defaults to /tmp when the base names none. A base that has binds of its
+    own (an image built on the host-derived root, whose binds already hold the host's
+    Python) keeps them; the host's Python is bound once."""
     prefixes = python_prefixes()
-    binds = tuple((p, p) for p in prefixes)
+    binds = (*base.binds, *((p, p) for p in prefixes if (p, p) not in base.binds))
     with tempfile.TemporaryDirectory(dir=store.root / "tmp" if (store.root / "tmp").is_dir() else None) as tmp:
         skel = Path(tmp) / "skel"
         skel.mkdir()
-        for _, dst in binds:
+        for _, dst in binds[len(base.binds):]:
             parts = Path(dst).parts[1:]
             for i in range(1, len(parts)):
                 if not skel.joinpath(*parts[:i]).exists():

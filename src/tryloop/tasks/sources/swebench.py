@@ -23,6 +23,35 @@ Deletions cannot be expressed by file overlays: files the test patch deletes
 stay in the workspace and files the gold patch deletes stay in the solved
 state; both are listed in `origin` (`test_patch_deletes`, `patch_deletes`).
 
+The environment (tryloop.sandbox.build): the repository's dependencies, installed with pip
+into an image, built once per repository version and shared by its instances. Which
+dependencies (recorded in `origin.environment` at import):
+
+    the instance's `requirements` (or `pip_packages`, as SWE-bench's harness names them):
+        a list of requirement strings, or one string of lines
+    else what the repository declares, read at the instance's `environment_setup_commit`
+        (the commit SWE-bench sets a version's environment up from) or else its base commit:
+        requirements.txt and the test requirement files (requirements-test.txt,
+        requirements-tests.txt, requirements_test.txt, test-requirements.txt,
+        requirements-dev.txt), pyproject.toml's [project] dependencies and its optional
+        `test` / `tests` / `testing` / `dev` dependencies, setup.cfg's install_requires and
+        the same extras; all of them, in that order, duplicates dropped
+
+Lines that are pip options (`-r`, `-e`, `-c`, `--index-url`...) or local paths are skipped
+(listed in `origin.environment.skipped`): the repository itself is not installed, it is the
+task's workspace, imported by the tests from the working directory. The key of an
+environment is (repo, version): the instance's `version`, or else its base commit. Its
+image (`environment_spec`) is the host-derived root with one pip step
+installing the dependencies into /opt/tryloop/site, which is on the image's PYTHONPATH;
+`build_environment` builds it (the pip step runs in a build sandbox, with the network the
+builder gives build steps), names it `swebench/<owner>__<name>:<version>` and records its id
+on the task (`meta.image`: part of the task's fingerprint, so of its snapshot ids and reward
+versions). Instances of one version declare the same dependencies, so their specs are the
+same and the second build is the build cache's: the same image id. The task's sandboxes run
+on the image with the host's Python bound in, as a Harbor task's do
+(tryloop.tasks.harness.task_snapshot). An instance without dependencies keeps the
+host-derived root.
+
 Test ids are taken as pytest node ids (`path::test`), which is what tryloop's
 test runner reports. The default test command runs the test files those ids
 name (or, failing that, the Python files the test patch touches); pass
@@ -32,6 +61,7 @@ name (or, failing that, the Python files the test patch touches); pass
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import tempfile
@@ -172,6 +202,7 @@ def task_from_instance(instance: dict[str, Any], repo_dir: str | Path, dest: str
     for key in ("version", "environment_setup_commit", "created_at"):
         if inst.get(key):
             origin[key] = inst[key]
+    origin["environment"] = environment_requirements(inst, repo_dir, commit or inst.get("base_commit"))
     if test_deletes:
         origin["test_patch_deletes"] = test_deletes
     if patch_deletes:
@@ -183,3 +214,150 @@ def task_from_instance(instance: dict[str, Any], repo_dir: str | Path, dest: str
                     pass_to_pass=p2p, origin=origin)
     return Task.create(dest, meta, inst["problem_statement"], workspace=workspace, tests=tests,
                        solution=solution)
+
+
+# ---- the environment ---------------------------------------------------------------------------
+
+REQUIREMENT_FILES = ("requirements.txt", "requirements-test.txt", "requirements-tests.txt", "requirements_test.txt",
+                     "test-requirements.txt", "requirements-dev.txt")
+TEST_EXTRAS = ("test", "tests", "testing", "dev")
+WHEELS = "/opt/wheels"
+
+
+def _read_at(repo_dir: Path, commit: str | None, rel: str) -> str | None:
+    """The text of `rel` in `repo_dir` at `commit` (as it is on disk without git or commit)."""
+    if commit and (repo_dir / ".git").exists():
+        try:
+            return git(["show", f"{commit}:{rel}"], cwd=repo_dir)
+        except SourceError:
+            return None
+    p = repo_dir / rel
+    return p.read_text(encoding="utf-8", errors="replace") if p.is_file() else None
+
+
+def _lines(text: str) -> list[str]:
+    out = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def _declared(repo_dir: Path, commit: str | None) -> tuple[list[str], list[str]]:
+    """(requirement lines, files they came from) as the repository declares them at `commit`."""
+    import configparser
+    import tomllib
+
+    reqs: list[str] = []
+    found: list[str] = []
+    for name in REQUIREMENT_FILES:
+        if (text := _read_at(repo_dir, commit, name)) is not None:
+            reqs += _lines(text)
+            found.append(name)
+    if (text := _read_at(repo_dir, commit, "pyproject.toml")) is not None:
+        try:
+            project = tomllib.loads(text).get("project", {})
+        except tomllib.TOMLDecodeError:
+            project = {}
+        deps = [d for d in project.get("dependencies", []) if isinstance(d, str)]
+        extras = project.get("optional-dependencies", {})
+        deps += [d for e in TEST_EXTRAS for d in extras.get(e, []) if isinstance(d, str)]
+        if deps:
+            reqs += deps
+            found.append("pyproject.toml")
+    if (text := _read_at(repo_dir, commit, "setup.cfg")) is not None:
+        cfg = configparser.ConfigParser(interpolation=None)
+        try:
+            cfg.read_string(text)
+        except configparser.Error:
+            cfg = configparser.ConfigParser()
+        deps = _lines(cfg.get("options", "install_requires", fallback=""))
+        for e in TEST_EXTRAS:
+            deps += _lines(cfg.get("options.extras_require", e, fallback=""))
+        if deps:
+            reqs += deps
+            found.append("setup.cfg")
+    return reqs, found
+
+
+def environment_requirements(inst: dict[str, Any], repo_dir: Path, base_commit: str | None) -> dict[str, Any]:
+    """What `origin.environment` records: the key, the requirements, where they came from and
+    the lines skipped (see the module doc)."""
+    given = inst.get("requirements", inst.get("pip_packages"))
+    if given is not None:
+        lines = _lines(given) if isinstance(given, str) else [str(x).strip() for x in given if str(x).strip()]
+        source: dict[str, Any] = {"from": ["instance"]}
+    else:
+        commit = inst.get("environment_setup_commit") or base_commit
+        lines, found = _declared(repo_dir, commit)
+        source = {"from": found, "commit": commit or ""}
+    reqs: list[str] = []
+    skipped: list[str] = []
+    for line in lines:
+        if line.startswith(("-", ".", "/", "~")) or "file:" in line or "://" in line.split("@", 1)[0]:
+            skipped.append(line)
+        elif line not in reqs:
+            reqs.append(line)
+    version = str(inst.get("version") or "") or (base_commit or "")[:12] or "base"
+    out = {"repo": inst["repo"], "version": version, "requirements": reqs, **source}
+    if skipped:
+        out["skipped"] = skipped
+    return out
+
+
+def environment_tag(task: Task) -> str:
+    env = task.meta.origin["environment"]
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", env["version"]).lstrip("._-") or "base"
+    return f"swebench/{_slugify(env['repo'].replace('/', '__'))}:{clean}"
+
+
+def needs_image(task: Task) -> bool:
+    """Whether an imported SWE-bench-style task has dependencies to install (an image of
+    its own); one without keeps the host-derived root."""
+    env = task.meta.origin.get("environment") if task.meta.source == "swebench" else None
+    return bool(isinstance(env, dict) and env.get("requirements"))
+
+
+def environment_spec(task: Task, *, find_links: str | Path | None = None):
+    """The image spec of the task's environment: the host-derived root and one pip step
+    installing the dependencies into /opt/tryloop/site, with the host's Python (the
+    interpreter the tests run with, so the wheels pip picks match it). `find_links`: a local
+    directory of wheels and sdists, laid into the image at /opt/wheels and installed from
+    with `--no-index` (offline)."""
+    from tryloop.sandbox.build import ImageSpec, Step
+
+    reqs = task.meta.origin["environment"]["requirements"]
+    steps = []
+    pip: list[str] = []
+    if find_links is not None:
+        steps.append(Step(files={WHEELS: str(Path(find_links).resolve())}))
+        pip = ["--no-index", "--find-links", WHEELS]
+    steps.append(Step(pip=[*pip, *reqs]))
+    return ImageSpec(base="host", steps=steps)
+
+
+async def build_environment(runtime, task: Task, *, find_links: str | Path | None = None,
+                            on_step=None) -> str | None:
+    """Build the environment image of an imported SWE-bench-style task (`environment_spec`),
+    name it `swebench/<owner>__<name>:<version>`, record its id on the task (`meta.image`,
+    part of its fingerprint) and return it; None, and nothing changed, for a task without
+    dependencies. A failing installation raises BuildError naming the task and the step."""
+    from tryloop.errors import SandboxError
+    from tryloop.sandbox.build import build_image
+    from tryloop.sandbox.catalog import tag_image
+    from tryloop.sandbox.dockerfile import BuildError
+
+    if not needs_image(task):
+        return None
+    spec = environment_spec(task, find_links=find_links)
+    try:
+        image = await build_image(runtime, spec, on_step=on_step and (
+            lambda i, n, what, hit: on_step(f"{i}/{n} {what} ({'cached' if hit else 'built'})")))
+    except SandboxError as e:
+        raise BuildError(f"{task.id}: the environment {environment_tag(task)} did not build: {e}") from None
+    tag_image(runtime.store, environment_tag(task), image.id)
+    origin = dict(task.meta.origin)
+    origin["environment"] = {**origin["environment"], "image": image.id, "tag": environment_tag(task)}
+    task.save_meta(task.meta.model_copy(update={"image": image.id, "origin": origin}))
+    return image.id
