@@ -113,7 +113,9 @@ def test_openai_client_streams_the_same_tokens(oai):
     ids = [t for c in chunks if c.choices for t in (c.choices[0].model_extra.get("token_ids") or [])]
     lps = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert text == whole.message.content and ids == whole.model_extra["token_ids"]
-    assert lps == pytest.approx([e.logprob for e in whole.logprobs.content], abs=1e-5)
+    # The second request prefills from the engine's prefix cache: float rounding only (the
+    # engine's tests allow 1e-4 for the same reason).
+    assert lps == pytest.approx([e.logprob for e in whole.logprobs.content], abs=1e-4)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids)
 
@@ -126,7 +128,8 @@ def test_streamed_text_holds_back_a_stop_string(oai):
     assert whole.finish_reason == "stop" and "return" not in whole.text
     assert "".join(c.choices[0].text for c in streamed) == whole.text
     lps = [v for c in streamed if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
-    assert lps == pytest.approx(whole.logprobs.token_logprobs, abs=1e-5)     # every token's, text or not
+    # every token's, text or not; equal up to the prefix cache's float rounding, as above
+    assert lps == pytest.approx(whole.logprobs.token_logprobs, abs=1e-4)
     assert streamed[-1].choices[0].finish_reason == "stop"
 
 
