@@ -154,3 +154,33 @@ async def test_weight_updates_are_off_unless_enabled(smollm2, one_thread):
         r = httpx.post(f"{url}/v1/weights", json={"path": "/x", "version": "v"})
         assert r.status_code == 403 and "serve.model.weight_updates" in r.json()["error"]["message"]
         assert engine.weights_version == "w0"
+
+
+@pytest.mark.parametrize("via", ["bytes", "file"])
+def test_tied_tensors_travel_once_and_come_back_under_every_name(via, tmp_path):
+    from tryloop.agent import weights_io
+
+    shared = torch.randn(3, 2)
+    state = {"embed.weight": shared, "lm_head.weight": shared, "norm.weight": torch.ones(2)}
+    if via == "bytes":
+        data = weights_io.to_bytes(state, version="v1")
+        assert len(data) < 3 * 2 * 4 * 2 + 1024          # the shared tensor once
+        back = weights_io.from_bytes(data)
+    else:
+        back = weights_io.from_file(weights_io.to_file(state, tmp_path / "w.safetensors", version="v1"))
+        assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]    # no temporary left
+    assert sorted(back) == sorted(state) and all(torch.equal(back[k], state[k]) for k in state)
+    assert back["embed.weight"].data_ptr() == back["lm_head.weight"].data_ptr()
+
+
+def test_an_episode_of_weights_the_step_did_not_announce_is_refused():
+    from tryloop.agent.trajectory import Trajectory
+    from tryloop.errors import TryloopError
+    from tryloop.train.run import _check_versions
+
+    t = Trajectory(episode_id="e", task_id="t", weights_versions=["step-1", "step-2"])
+    _check_versions(t, {"step-1", "step-2"})
+    with pytest.raises(TryloopError, match=r"episode e was sampled with weights \['step-2'\], but this step "
+                                           r"samples with \['step-1'\]: refusing off-policy data"):
+        _check_versions(t, {"step-1"})
+    _check_versions(Trajectory(episode_id="old", task_id="t"), {"step-1"})   # stored before versions were

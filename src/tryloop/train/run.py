@@ -239,6 +239,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                    temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=tcfg.seed,
                                    on_done=lambda t: emit("zone_episode", {"trajectory": t}))
+            if remote is not None:
+                remote.check()   # a sampler failure would read as tasks the model cannot do
             train_tasks, eval_tasks = in_zone(train_all, counts, band), in_zone(eval_all, counts, band)
             prior = {fp: p / n for fp, (p, n) in counts.items() if n}
             rows = [r.__dict__ for r in zone_table(train_all + eval_all, counts, band)]
@@ -285,6 +287,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
                                      runner=runner, spec=spec,
                                      on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+            if remote is not None:
+                remote.check()   # never an evaluation row from episodes a sampler failure ended
             row = _eval_row(step, name, run_id, k, temperature, res.summary, res.trajectories)
             _append_jsonl(evals_path, row)
             emit("eval", row)
@@ -390,8 +394,6 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             result.metrics.append(row)
             if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
                 await evaluations(step, final=step == tcfg.steps - 1)
-                if remote is not None:
-                    remote.check()
             await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
                                     {"curriculum": curriculum.state(), "manifest": manifest},
                                     tcfg.keep_checkpoints)
