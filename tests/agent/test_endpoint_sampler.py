@@ -92,6 +92,24 @@ async def test_push_over_http_then_sessions_carry_the_new_version(served, smollm
     await file_sampler.aclose()
 
 
+async def test_requests_are_spread_over_the_endpoints_and_pushes_reach_each(served, tmp_path):
+    import asyncio
+
+    url, engine, loaded = served
+    cfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, auth_token_env=KEY_ENV)
+    with model_server_in_thread(engine, cfg) as url2:      # a second endpoint (over the same engine)
+        s = EndpointSampler([url, url2], api_key="sekret", weights_dir=tmp_path)
+        await s.connect(engine.weights_version)
+        outs = await asyncio.gather(*[s.generate([1, 2, 3], max_new_tokens=2, temperature=0.0) for _ in range(4)])
+        assert sorted(o.endpoint for o in outs) == sorted([url, url, url2, url2])
+        assert [ep.requests for ep in s.endpoints] == [2, 2]
+        await s.push(engine.model.state_dict(), version="spread-1")
+        assert [len(ep.push_s) for ep in s.endpoints] == [1, 1] and engine.weights_version == "spread-1"
+        out = await s.generate([1, 2, 3], max_new_tokens=2, temperature=0.0)
+        assert out.weights_versions == ("spread-1",)
+        await s.aclose()
+
+
 async def test_a_server_with_other_weights_than_announced_is_refused_at_connect(served):
     url, engine, loaded = served
     sampler = EndpointSampler([url], api_key="sekret")

@@ -206,9 +206,12 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     require_approved(GateRecords(cfg.rewards.gate_dir), spec_ver)
 
     loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
-    learner_model = (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
-    learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
     remote = endpoint_sampler(tcfg, loaded)     # None: the in-process engine
+    # Sampling elsewhere, the loaded model is the learner's (only its tokenizer and version are
+    # the policy's); in-process, the engine owns one copy and the learner another.
+    learner_model = loaded.model if remote is not None else \
+        (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
+    learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
     if remote is not None:
         await remote.connect(loaded.weights_version, check_version=ckpt is None)
     policy = sampler_policy(loaded, tcfg, engine=remote)
