@@ -202,3 +202,63 @@ def test_an_episode_of_weights_the_step_did_not_announce_is_refused():
                                            r"samples with \['step-1'\]: refusing off-policy data"):
         _check_versions(t, {"step-1"})
     _check_versions(Trajectory(episode_id="old", task_id="t"), {"step-1"})   # stored before versions were
+
+
+class _Config:
+    """Stands in for a transformers config: what the sampler writes beside vLLM's / SGLang's weights."""
+
+    def save_pretrained(self, folder: str) -> None:
+        from pathlib import Path
+
+        (Path(folder) / "config.json").write_text('{"model_type": "llama"}')
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+async def test_vllm_and_sglang_get_their_request_shapes(kind, tmp_path):
+    """Not vLLM or SGLang themselves (neither installs here): a stand-in that records what the
+    sampler sends, in the shapes of their docs, and answers as they do."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tryloop.serve.asgi import server_in_thread
+
+    seen: list[tuple[str, dict]] = []
+
+    async def record(request: Request) -> JSONResponse:
+        body = await request.json() if request.method == "POST" else {}
+        seen.append((request.url.path, body))
+        if request.url.path == "/v1/models":
+            return JSONResponse({"data": [{"id": "m", "max_model_len": 2048}]})
+        if request.url.path == "/v1/completions":
+            return JSONResponse({"choices": [{"text": "x", "token_ids": [5, 6], "finish_reason": "length",
+                                              "logprobs": {"token_logprobs": [-0.5, -1.5], "tokens": ["a", "b"]}}]})
+        return JSONResponse({"success": True, "message": "ok"} if kind == "sglang" else {"results": [None]})
+
+    app = Starlette(routes=[Route(p, record, methods=["GET", "POST"]) for p in
+                            ("/v1/models", "/v1/completions", "/update_weights_from_disk", "/collective_rpc")])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    with server_in_thread(server, what="stand-in") as url:
+        s = EndpointSampler([url], kind=kind, weights_dir=tmp_path, model_config=_Config())
+        await s.connect("w0")
+        assert s.max_context == 2048
+        out = await s.generate([1, 2], max_new_tokens=2, temperature=1.0, seed=4)
+        assert out.token_ids == [5, 6] and out.policy_logprobs == [-0.5, -1.5] and out.weights_versions == ("w0",)
+        path, body = seen[-1]
+        assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["return_token_ids"] is True
+        assert body["logprobs"] == 0 and body["model"] == "m" and body["seed"] == 4
+        await s.push({"w": torch.ones(2)}, version="step-0")
+        folder = tmp_path / "step-0"
+        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+        path, body = seen[-1]
+        if kind == "sglang":
+            assert path == "/update_weights_from_disk"
+            assert body == {"model_path": str(folder.resolve()), "weight_version": "step-0"}
+        else:
+            assert path == "/collective_rpc"
+            assert body == {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}}
+        out = await s.generate([1, 2], max_new_tokens=2)
+        assert out.weights_versions == ("step-0",)     # the version it acknowledged
+        await s.aclose()
