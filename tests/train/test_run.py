@@ -185,8 +185,11 @@ def test_a_run_samples_from_a_model_server_and_pushes_each_update_to_it(train_ro
             model_server_in_thread(engine, scfg) as url:
         cfg = load_yaml(write_config(train_root, "remote.yaml", run_id="remote",
                                      sampler={"endpoints": [url], "weights_dir": str(tmp_path / "w")}))
-        res = asyncio.run(train(cfg, cfg.train))
+        logs: list[str] = []
+        res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: logs.append(d["message"]) if e == "log" else None))
         assert res.steps_done == 2 and all(m["time_push_s"] > 0 for m in res.metrics)
+        assert f"sampling from 1 tryloop endpoint(s): {url}; each update's weights go through {tmp_path / 'w'}" in logs
+        assert [p.name for p in (tmp_path / "w").iterdir()] == ["step-1.safetensors"]   # step-0's removed
         models = httpx_get_json(f"{url}/v1/models")
         assert models["data"][0]["weights_version"] == "step-1" == engine.weights_version
         trajs = TrajectoryStore(cfg.store.trajectories_url).read(run_id="remote")

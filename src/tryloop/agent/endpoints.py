@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,7 @@ class EndpointSampler:
         self.announced = ""
         self.max_context = 0
         self.failure: SamplerError | None = None
+        self._written: Path | None = None       # the last push's file or folder under weights_dir
 
     # --- what a policy session reads ----------------------------------------------------
 
@@ -227,10 +229,11 @@ class EndpointSampler:
         from tryloop.agent import weights_io
 
         t0 = time.perf_counter()
+        written: Path | None = None
         if self.kind == "tryloop":
             if self.weights_dir is not None:
-                path = await asyncio.to_thread(weights_io.to_file, weights,
-                                               self.weights_dir / f"{_safe(version)}.safetensors", version=version)
+                path = written = await asyncio.to_thread(weights_io.to_file, weights, self.weights_dir /
+                                                         f"{_safe(version)}.safetensors", version=version)
                 req: dict[str, Any] = {"json": {"path": str(path.resolve()), "version": version}}
             else:
                 data = await asyncio.to_thread(weights_io.to_bytes, weights, version=version)
@@ -239,7 +242,7 @@ class EndpointSampler:
             await asyncio.gather(*[self._push_one(ep, "/v1/weights", req, version) for ep in self.endpoints])
         else:
             assert self.weights_dir is not None
-            folder = self.weights_dir / _safe(version)
+            folder = written = self.weights_dir / _safe(version)
             await asyncio.to_thread(self._write_folder, weights, folder, version)
             if self.kind == "sglang":
                 path, body = "/update_weights_from_disk", {"model_path": str(folder.resolve()),
@@ -249,6 +252,10 @@ class EndpointSampler:
                                                  "kwargs": {"weights_path": str(folder.resolve())}}
             await asyncio.gather(*[self._push_one(ep, path, {"json": body}, version) for ep in self.endpoints])
         self.announced = version
+        # Every endpoint has loaded it: the previous push's copy is no longer read by anyone.
+        previous, self._written = self._written, written
+        if previous is not None and previous != written:
+            await asyncio.to_thread(shutil.rmtree if previous.is_dir() else previous.unlink, previous)
         return time.perf_counter() - t0
 
     def _write_folder(self, weights: Any, folder: Path, version: str) -> None:

@@ -214,6 +214,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
     if remote is not None:
         await remote.connect(loaded.weights_version, check_version=ckpt is None)
+        emit("log", {"message": f"sampling from {len(remote.endpoints)} {tcfg.sampler.kind} endpoint(s): "
+                                f"{', '.join(ep.url for ep in remote.endpoints)}; each update's weights go "
+                                f"{'through ' + str(tcfg.sampler.weights_dir) if tcfg.sampler.weights_dir else 'over HTTP'}"})
     policy = sampler_policy(loaded, tcfg, engine=remote)
     all_threads = torch.get_num_threads()
     rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
