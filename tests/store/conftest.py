@@ -42,9 +42,13 @@ def make_trajectory() -> MakeTrajectory:
             "turns": [
                 Turn(0, "Let me look.", [ToolCall("shell", {"cmd": "pytest -x", "n": [1, 2]}, "c1")],
                      [Observation("shell", "1 failed", ok=True, truncated=False, exit_code=1, env_s=0.75)],
-                     completion_tokens=3, model_s=0.5, env_s=0.75, finish_reason="tool_calls"),
-                Turn(1, "Fixed: a + b.", [], [], completion_tokens=1, model_s=0.25, finish_reason="stop"),
+                     completion_tokens=3, model_s=0.5, env_s=0.75, finish_reason="tool_calls",
+                     weights_versions=["w-0003"]),
+                # New weights arrived mid-turn: both versions sampled its tokens.
+                Turn(1, "Fixed: a + b.", [], [], completion_tokens=1, model_s=0.25, finish_reason="stop",
+                     weights_versions=["w-0003", "w-0004"]),
             ],
+            "weights_versions": ["w-0003", "w-0004"],
             "changes": {"calc/__init__.py": "ZGVmIGFkZChhLCBiKTogcmV0dXJuIGEgKyBiCg==", "old.py": None},
             "termination": "submitted",
             "error": "",

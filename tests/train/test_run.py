@@ -153,6 +153,81 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     assert weights_digest(res.run_dir) == before  # the refused starts left the checkpoint alone
 
 
+@pytest.mark.slow   # three runs, one of two steps: ~2.5 min on 2 shared cores
+def test_a_run_samples_from_a_model_server_and_pushes_each_update_to_it(train_root, tmp_path):
+    """train.sampler.endpoints: a real `serve model` (in a thread) samples the episodes; after each
+    update the learner's weights go to it over HTTP with their version; the next step's
+    trajectories carry that version. A dead endpoint, one serving other weights at the start, and
+    one whose weights change behind the trainer's back are clear errors naming the endpoint."""
+    import socket
+
+    import torch
+
+    from tryloop.agent.endpoints import SamplerError
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+    from tryloop.store.trajectories import TrajectoryStore
+    from tryloop.train.run import train
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    cfg = load_yaml(write_config(train_root, "dead.yaml", run_id="remote-dead", sampler={"endpoints": [dead]}))
+    with pytest.raises(SamplerError, match=f"{dead}: GET /v1/models failed"):
+        asyncio.run(train(cfg, cfg.train))
+
+    served = load_model("smollm2-135m", device="cpu")
+    initial, initial_state = served.weights_version, {k: v.clone() for k, v in served.model.state_dict().items()}
+    scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
+    with Engine(served.model, served.tokenizer, weights_version=initial, num_threads=1) as engine, \
+            model_server_in_thread(engine, scfg) as url:
+        cfg = load_yaml(write_config(train_root, "remote.yaml", run_id="remote",
+                                     sampler={"endpoints": [url], "weights_dir": str(tmp_path / "w")}))
+        logs: list[str] = []
+        res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: logs.append(d["message"]) if e == "log" else None))
+        assert res.steps_done == 2 and all(m["time_push_s"] > 0 for m in res.metrics)
+        assert f"sampling from 1 tryloop endpoint(s): {url}; each update's weights go through {tmp_path / 'w'}" in logs
+        assert [p.name for p in (tmp_path / "w").iterdir()] == ["step-1.safetensors"]   # step-0's removed
+        models = httpx_get_json(f"{url}/v1/models")
+        assert models["data"][0]["weights_version"] == "step-1" == engine.weights_version
+        trajs = TrajectoryStore(cfg.store.trajectories_url).read(run_id="remote")
+        assert len(trajs) == 4 and all(t.token_source == "exact" and sum(t.loss_mask) > 0 for t in trajs)
+        assert {tuple(t.weights_versions) for t in trajs if t.step == 0} == {(initial,)}
+        assert {tuple(t.weights_versions) for t in trajs if t.step == 1} == {("step-0",)}
+        assert {t.policy_version for t in trajs if t.step == 1} == {"step-0"}
+        # The server got the learner's weights, not just a version: they changed, as the checkpoint's.
+        ckpt = torch.load(checkpoint.latest(res.run_dir) / "learner.pt", weights_only=False)["model"]
+        name = "model.layers.0.mlp.down_proj.weight"
+        assert torch.equal(engine.model.state_dict()[name].float(), ckpt[name].float())
+
+        # A new run starts from the model's own weights: the server still has step-1.
+        fresh = load_yaml(write_config(train_root, "remote-b.yaml", run_id="remote-b", sampler={"endpoints": [url]}))
+        with pytest.raises(SamplerError, match=f"{url} serves weights 'step-1', but the learner starts from"):
+            asyncio.run(train(fresh, fresh.train))
+
+        # Weights changed behind the trainer's back as the rollout starts: refused, not trained on.
+        engine.update_weights_blocking(initial_state, version=initial)
+        rogue = load_yaml(write_config(train_root, "remote-c.yaml", run_id="remote-c", steps=1,
+                                       sampler={"endpoints": [url]}))
+
+        def hook(event, data):
+            if event == "rollout":
+                engine.update_weights_blocking(engine.model, version="rogue")
+
+        with pytest.raises(SamplerError, match=r"sampled with weights \['rogue'\] but '.*' was announced"):
+            asyncio.run(train(rogue, rogue.train, hook=hook))
+        assert not (train_root / "runs" / "remote-c" / "metrics.jsonl").exists()
+        assert TrajectoryStore(cfg.store.trajectories_url).read(run_id="remote-c") == []
+
+
+def httpx_get_json(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url, timeout=30).json()
+
+
 DRIVER = textwrap.dedent("""
     import asyncio, os, signal, sys
     from tryloop.config import load_yaml

@@ -200,7 +200,8 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
                     if action.tool_calls:
                         action.parse_error = None
                 turn = Turn(index, action.text, action.tool_calls, completion_tokens=action.completion_tokens,
-                            model_s=action.model_s, finish_reason=action.finish_reason)
+                            model_s=action.model_s, finish_reason=action.finish_reason,
+                            weights_versions=list(action.weights_versions))
                 traj.turns.append(turn)
                 model_s += action.model_s
                 observations = []
@@ -240,6 +241,7 @@ async def run_episode(req: EpisodeRequest, policy: Policy, envs: Environments, *
     tok = session.tokens
     traj.token_ids, traj.logprobs, traj.loss_mask = tok.ids, tok.logprobs, tok.mask
     traj.prompt_length, traj.token_source = tok.prompt_length, tok.source
+    traj.weights_versions = list(dict.fromkeys(v for t in traj.turns for v in t.weights_versions))
     traj.changes = encode_changes(changes)
     episode_s = time.perf_counter() - t_start
     sub = Submission(changes=changes, commands=tools.commands, reads=tools.reads,

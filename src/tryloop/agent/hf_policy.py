@@ -59,7 +59,8 @@ class HFSession:
         for i, c in enumerate(parsed.calls):
             c.id = f"call_{self._turn}_{i}"
         return Action(text, parsed.calls, "; ".join(e.message for e in parsed.errors) or None,
-                      sample.finish_reason, len(sample.token_ids), time.perf_counter() - t0)
+                      sample.finish_reason, len(sample.token_ids), time.perf_counter() - t0,
+                      weights_versions=tuple(sample.weights_versions))
 
 
 class HFPolicy:
@@ -67,18 +68,20 @@ class HFPolicy:
 
     def __init__(self, loaded: Any, *, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 384,
                  max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None,
-                 dtype: str | Any = "float32"):
+                 dtype: str | Any = "float32", engine: Any = None):
         """`dtype`: the engine's ("float32" | "bfloat16" | "auto", see PolicyConfig.dtype); the
-        engine casts `loaded.model` to it in place (it owns the model)."""
+        engine casts `loaded.model` to it in place (it owns the model). `engine`: another sampler
+        with the engine's `generate` (an `EndpointSampler`: model servers); then only
+        `loaded.tokenizer` is used here, and the sessions are token-exact the same way."""
         from tryloop.agent.engine import Engine
         from tryloop.agent.hf import resolve_engine_dtype
 
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.chat = ChatTokenizer(loaded.tokenizer)
-        self.engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
-                             weights_version=loaded.weights_version, num_threads=num_threads,
-                             dtype=resolve_engine_dtype(dtype, loaded.device))
+        self.engine = engine if engine is not None else Engine(
+            loaded.model, loaded.tokenizer, max_batch=max_batch, weights_version=loaded.weights_version,
+            num_threads=num_threads, dtype=resolve_engine_dtype(dtype, loaded.device))
         self.name = loaded.name
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens = max_new_tokens

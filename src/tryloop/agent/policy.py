@@ -47,6 +47,7 @@ class Action:
     finish_reason: str = "stop"          # stop | length
     completion_tokens: int = 0
     model_s: float = 0.0
+    weights_versions: tuple[str, ...] = ()   # the weights that sampled the turn's tokens, in order
 
 
 @dataclass

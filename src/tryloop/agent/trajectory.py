@@ -48,6 +48,7 @@ class Turn:
     model_s: float = 0.0                             # time in the model
     env_s: float = 0.0                               # time in the environment (tools)
     finish_reason: str = ""                          # "stop", "length", ...
+    weights_versions: list[str] = field(default_factory=list)  # every version that sampled a token of it
 
 
 @dataclass
@@ -60,7 +61,10 @@ class Trajectory:
     group_id: str = ""                               # the episodes of one task in one step
     sample_index: int = 0
     policy: str = ""                                 # policy / model name
-    policy_version: str = ""                         # weights version the tokens were sampled with
+    policy_version: str = ""                         # weights version when the episode started
+    # Every weights version that sampled a token of it, in order (its turns'; empty for a policy
+    # that does not report them). The trainer refuses an episode holding a version it did not push.
+    weights_versions: list[str] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # chat transcript
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

@@ -75,7 +75,8 @@ def _serve_model(cfg) -> None:
     def ready(url: str, loaded) -> None:
         auth = f"API key from ${mcfg.auth_token_env}" if mcfg.auth_token_env else "no auth"
         console.print(f"[bold]serving {mcfg.served_name or mcfg.model}[/] ({loaded.weights_version}) at {url}/v1 "
-                      f"(OpenAI-compatible), {mcfg.max_batch} sequences per batch, {auth}; metrics at "
+                      f"(OpenAI-compatible), {mcfg.max_batch} sequences per batch, {auth}"
+                      f"{', new weights on POST /v1/weights' if mcfg.weight_updates else ''}; metrics at "
                       f"{url}/metrics. Ctrl-C stops.")
 
     serve_model(mcfg, on_ready=ready)
@@ -100,6 +101,10 @@ def serve_model_cmd(
     auth_token_env: Annotated[str | None, typer.Option("--auth-token-env",
                                                        help=_help("serve.model.auth_token_env"))] = None,
     access_log: Annotated[str | None, typer.Option("--access-log", help=_help("serve.model.access_log"))] = None,
+    weight_updates: Annotated[bool | None, typer.Option("--weight-updates/--no-weight-updates",
+                                                        help=_help("serve.model.weight_updates"))] = None,
+    max_weights_bytes: Annotated[int | None, typer.Option("--max-weights-bytes",
+                                                          help=_help("serve.model.max_weights_bytes"))] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Serve the local model (the bundled one, a checkpoint or a hub id) over the OpenAI API:
@@ -111,5 +116,6 @@ def serve_model_cmd(
         "serve.model.max_batch": max_batch, "serve.model.threads": threads,
         "serve.model.logprobs_mode": logprobs_mode, "serve.model.default_max_tokens": default_max_tokens,
         "serve.model.max_body_bytes": max_body_bytes, "serve.model.auth_token_env": auth_token_env,
-        "serve.model.access_log": access_log})
+        "serve.model.access_log": access_log, "serve.model.weight_updates": weight_updates,
+        "serve.model.max_weights_bytes": max_weights_bytes})
     run_cli(_serve_model, cfg)

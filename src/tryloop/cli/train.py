@@ -160,6 +160,9 @@ def train_cmd(
     refill_groups: Annotated[int | None, typer.Option("--refill-groups", help="train.refill_groups")] = None,
     check_source: Annotated[str | None, typer.Option("--check-source", help="train.check_source")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="train.seed")] = None,
+    sampler_endpoints: Annotated[list[str] | None, typer.Option(
+        "--sampler-endpoint", help="train.sampler.endpoints (repeat for several): model servers to sample "
+                                   "from, pushed the weights of each update")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Train the policy with RL in sandboxes; with no arguments, the CPU default run."""
@@ -168,5 +171,6 @@ def train_cmd(
         "train.group_size": group_size, "train.source": source, "train.policy.name": model,
         "train.algo.lr": lr, "train.algo.lora": lora, "train.algo.estimator": estimator,
         "train.eval_every": eval_every, "train.eval_tasks": eval_tasks, "train.seed": seed,
-        "train.zone": zone, "train.refill_groups": refill_groups, "train.check_source": check_source})
+        "train.zone": zone, "train.refill_groups": refill_groups, "train.check_source": check_source,
+        "train.sampler.endpoints": sampler_endpoints or None})
     run_cli(_run, cfg, resume)

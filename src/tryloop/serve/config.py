@@ -63,6 +63,11 @@ class ServeModelConfig(_Model):
     default_max_tokens: int = Field(512, ge=1, description="tokens sampled when a request sets no max_tokens "
                                                            "(always capped by the context length)")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="largest request body accepted (larger: 413)")
+    weight_updates: bool = Field(False, description="accept new weights on POST /v1/weights (a trainer's "
+                                                    "push after each update; authenticated like /v1 when "
+                                                    "auth_token_env is set); off: 403")
+    max_weights_bytes: int = Field(16 << 30, ge=1024, description="largest weights body POST /v1/weights "
+                                                                  "accepts (safetensors bytes; larger: 413)")
     auth_token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                                        description="environment variable holding the API key every /v1 "
                                                    "request must carry as a bearer token; null: no auth")

@@ -4,7 +4,12 @@
     POST /v1/chat/completions   messages, tools, n, max_tokens, temperature, top_p, stop, seed,
                                 logprobs, stream (server-sent events)
     POST /v1/completions        one prompt: a string or a list of token ids
-    GET  /v1/models             the served model, with max_model_len and weights_version
+    GET  /v1/models             the served model, with max_model_len, weights_version, logprobs_mode
+    POST /v1/weights            new weights with a version (`serve.model.weight_updates`): a
+                                safetensors file on a shared path (JSON {"path", "version"}), or the
+                                file's bytes as the body (application/octet-stream, the version in
+                                the X-Weights-Version header); answers once the engine samples with
+                                them: {"weights_version", "seconds", "tensors"}
     GET  /health                200 (no auth)
     GET  /metrics               Prometheus (prometheus_client): requests, tokens, latency, queue
 
@@ -18,6 +23,11 @@ Anything speaking the OpenAI protocol can use it (the `openai` client included);
 - `"stop_token_ids": [...]` adds stop tokens; `"ignore_eos": true` drops the model's own (the
   generation runs to max_tokens unless another stop ends it); `"include_stop_str_in_output": true`
   keeps a matched stop string in the text.
+
+Every completion says which weights sampled it: `system_fingerprint` is the weights version of
+the last token, `choices[i].weights_versions` every version that produced a token of the choice
+(more than one when new weights arrived mid-generation), and the `X-Weights-Version` header the
+version of the response's last token. A trainer checks them against the version it announced.
 
 Log-probabilities follow vLLM's `--logprobs-mode`: "raw" (default) reports the policy's
 log-probability at temperature 1; "processed" the one under the distribution actually sampled
@@ -160,6 +170,13 @@ class _CompletionRequest(_Sampling):
         return int(v) if isinstance(v, bool) else v      # true/false as the chat API's
 
 
+class _WeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    path: str = Field(min_length=1)
+    version: str = Field(min_length=1, max_length=200)
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
         super().__init__(message)
@@ -265,6 +282,7 @@ class _ModelServer:
             Route("/v1/chat/completions", self._endpoint("chat", self.chat_completions), methods=["POST"]),
             Route("/v1/completions", self._endpoint("completions", self.completions), methods=["POST"]),
             Route("/v1/models", self._endpoint("models", self.models), methods=["GET"]),
+            Route("/v1/weights", self._endpoint("weights", self.weights), methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.scrape, methods=["GET"]),
         ]
@@ -378,7 +396,54 @@ class _ModelServer:
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": self.created, "owned_by": "tryloop",
-            "max_model_len": self.engine.max_context, "weights_version": self.engine.weights_version}]})
+            "max_model_len": self.engine.max_context, "weights_version": self.engine.weights_version,
+            "logprobs_mode": self.cfg.logprobs_mode}]})
+
+    async def weights(self, request: Request) -> Response:
+        """New weights for the engine, from a shared path or the body; applied between two decode
+        steps (a generation running across it records both versions)."""
+        from tryloop.agent import weights_io
+
+        if not self.cfg.weight_updates:
+            raise APIError(403, "weight updates are off (serve.model.weight_updates)", "PermissionDeniedError")
+        t0 = time.perf_counter()
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind == "application/json":
+            raw = await self._read(request, self.cfg.max_body_bytes, "serve.model.max_body_bytes")
+            try:
+                req = _WeightsRequest.model_validate_json(raw)
+            except ValidationError as e:
+                raise _field_error(e) from None
+            version, source = req.version, req.path
+            load = lambda: weights_io.from_file(req.path)  # noqa: E731
+        elif kind == "application/octet-stream":
+            version = request.headers.get("x-weights-version", "").strip()
+            if not version:
+                raise APIError(400, "X-Weights-Version: required with a safetensors body", param="version")
+            raw = await self._read(request, self.cfg.max_weights_bytes, "serve.model.max_weights_bytes")
+            source = f"the body ({len(raw)} bytes)"
+            load = lambda: weights_io.from_bytes(raw)  # noqa: E731
+        else:
+            raise APIError(415, "Content-Type: application/json ({\"path\", \"version\"}) or "
+                                "application/octet-stream (safetensors bytes, X-Weights-Version header)",
+                           "UnsupportedMediaTypeError")
+        try:
+            state = await asyncio.to_thread(load)
+        except Exception as e:             # a missing or unreadable file, not safetensors
+            raise APIError(400, f"cannot read weights from {source}: {e}", param="path") from None
+        try:
+            applied = await self.engine.update_weights(state, version=version)
+        except (RuntimeError, ValueError, KeyError) as e:     # keys or shapes of another model
+            raise APIError(400, f"weights from {source} do not fit the served model: {str(e)[:500]}") from None
+        return JSONResponse({"weights_version": applied, "seconds": round(time.perf_counter() - t0, 4),
+                             "tensors": len(state)})
+
+    async def _read(self, request: Request, limit: int, setting: str) -> bytes:
+        try:
+            return await read_body(request, limit)
+        except BodyTooLarge as e:
+            size = f"{e.declared} bytes" if e.declared is not None else "the body"
+            raise APIError(413, f"body: {size} is over {setting} ({limit})", "RequestTooLargeError") from None
 
     async def chat_completions(self, request: Request) -> Response:
         t0 = time.perf_counter()
@@ -408,9 +473,10 @@ class _ModelServer:
                                                   for t, lp in zip(s.token_ids, self._values(s), strict=True)]}
             if req.return_token_ids:
                 choice["token_ids"] = s.token_ids
+            choice["weights_versions"] = list(s.weights_versions)
             choices.append(choice)
         self._record(samples, prompt, t0)
-        return JSONResponse(self._envelope("chat.completion", "chatcmpl", req, prompt, samples, choices))
+        return self._respond(self._envelope("chat.completion", "chatcmpl", req, prompt, samples, choices))
 
     async def completions(self, request: Request) -> Response:
         t0 = time.perf_counter()
@@ -437,9 +503,13 @@ class _ModelServer:
                                       "top_logprobs": None, "text_offset": offsets}
             if req.return_token_ids:
                 choice["token_ids"] = s.token_ids
+            choice["weights_versions"] = list(s.weights_versions)
             choices.append(choice)
         self._record(samples, prompt, t0)
-        return JSONResponse(self._envelope("text_completion", "cmpl", req, prompt, samples, choices))
+        return self._respond(self._envelope("text_completion", "cmpl", req, prompt, samples, choices))
+
+    def _respond(self, body: dict[str, Any]) -> JSONResponse:
+        return JSONResponse(body, headers={"X-Weights-Version": body["system_fingerprint"]})
 
     # --- streaming -------------------------------------------------------------------------
 
@@ -525,7 +595,8 @@ class _ModelServer:
     def _last_chunk(self, i: int, s: Sample, decoder: _Decoder, req: _Sampling, chat: bool) -> dict[str, Any]:
         text = self._text(s, req)
         rest = decoder.finish(text)
-        choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": s.finish_reason}
+        choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": s.finish_reason,
+                                  "weights_versions": list(s.weights_versions)}
         if not chat:
             choice["text"] = rest
             return choice

@@ -69,7 +69,10 @@ _COLUMNS: list[tuple[pa.Field, str]] = [
     _col("group_id", pa.string(), "the episodes of one task in one step"),
     _col("sample_index", pa.int32(), "index of the episode within its group"),
     _col("policy", pa.string(), "policy / model name"),
-    _col("policy_version", pa.string(), "weights version the tokens were sampled with"),
+    _col("policy_version", pa.string(), "weights version when the episode started"),
+    _col("weights_versions", pa.list_(pa.string()), "every weights version that sampled a token, in order"),
+    _col("turn_weights_versions", pa.list_(pa.list_(pa.string())),
+         "per turn: the weights versions that sampled its tokens"),
     _col("messages", pa.string(), "JSON: the chat transcript, a list of message objects"),
     _col("token_ids", pa.list_(pa.int32()), "every token the policy saw and produced, in order"),
     _col("logprobs", pa.list_(pa.float32()), "sampling log-probability per token (0 where not sampled); float32"),
@@ -139,7 +142,8 @@ def to_row(t: Trajectory, written_at_ns: int) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "episode_id": t.episode_id, "run_id": t.run_id, "task_id": t.task_id,
         "task_fingerprint": t.task_fingerprint, "group_id": t.group_id, "sample_index": t.sample_index,
-        "policy": t.policy, "policy_version": t.policy_version,
+        "policy": t.policy, "policy_version": t.policy_version, "weights_versions": t.weights_versions,
+        "turn_weights_versions": [u.weights_versions for u in t.turns],
         "messages": _json(t.messages, "messages", t.episode_id),
         "token_ids": t.token_ids, "logprobs": t.logprobs, "loss_mask": t.loss_mask,
         "prompt_length": t.prompt_length, "token_source": t.token_source,
@@ -207,8 +211,10 @@ def from_row(d: dict[str, Any]) -> Trajectory:
     for k in ("token_ids", "logprobs", "loss_mask"):
         d[k] = d.get(k) or []
     turns = []
-    for u in d.get("turns") or []:
+    per_turn = d.pop("turn_weights_versions", None) or []
+    for i, u in enumerate(d.get("turns") or []):
         u = dict(u)
+        u["weights_versions"] = list(per_turn[i] or []) if i < len(per_turn) else []
         u["tool_calls"] = [{**c, "arguments": json.loads(c["arguments"]) if c["arguments"] is not None else {}}
                            for c in u.get("tool_calls") or []]
         u["observations"] = list(u.get("observations") or [])

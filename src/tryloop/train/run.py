@@ -102,6 +102,16 @@ def _truncate_jsonl(path: Path, before_step: int) -> None:
         os.replace(tmp, path)
 
 
+def _check_versions(t: Trajectory, accepted: set[str]) -> None:
+    """A trajectory holding tokens of weights the trainer did not announce for this step is
+    off-policy data it was not told to accept: an error, never a silent update. (A trajectory
+    without recorded versions, stored by an older tryloop, is taken as it always was.)"""
+    other = [v for v in t.weights_versions if v not in accepted]
+    if other:
+        raise TryloopError(f"episode {t.episode_id} was sampled with weights {other}, but this step samples "
+                           f"with {sorted(accepted)}: refusing off-policy data")
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -172,7 +182,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
-    from tryloop.train.zone import sampler_policy, zone_key_for
+    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -196,9 +206,18 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     require_approved(GateRecords(cfg.rewards.gate_dir), spec_ver)
 
     loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
-    learner_model = (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
+    remote = endpoint_sampler(tcfg, loaded)     # None: the in-process engine
+    # Sampling elsewhere, the loaded model is the learner's (only its tokenizer and version are
+    # the policy's); in-process, the engine owns one copy and the learner another.
+    learner_model = loaded.model if remote is not None else \
+        (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
     learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
-    policy = sampler_policy(loaded, tcfg)
+    if remote is not None:
+        await remote.connect(loaded.weights_version, check_version=ckpt is None)
+        emit("log", {"message": f"sampling from {len(remote.endpoints)} {tcfg.sampler.kind} endpoint(s): "
+                                f"{', '.join(ep.url for ep in remote.endpoints)}; each update's weights go "
+                                f"{'through ' + str(tcfg.sampler.weights_dir) if tcfg.sampler.weights_dir else 'over HTTP'}"})
+    policy = sampler_policy(loaded, tcfg, engine=remote)
     all_threads = torch.get_num_threads()
     rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
     torch.set_num_threads(rollout_threads)
@@ -226,6 +245,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                    temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=tcfg.seed,
                                    on_done=lambda t: emit("zone_episode", {"trajectory": t}))
+            if remote is not None:
+                remote.check()   # a sampler failure would read as tasks the model cannot do
             train_tasks, eval_tasks = in_zone(train_all, counts, band), in_zone(eval_all, counts, band)
             prior = {fp: p / n for fp, (p, n) in counts.items() if n}
             rows = [r.__dict__ for r in zone_table(train_all + eval_all, counts, band)]
@@ -272,6 +293,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
                                      runner=runner, spec=spec,
                                      on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+            if remote is not None:
+                remote.check()   # never an evaluation row from episodes a sampler failure ended
             row = _eval_row(step, name, run_id, k, temperature, res.summary, res.trajectories)
             _append_jsonl(evals_path, row)
             emit("eval", row)
@@ -302,6 +325,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                            seed=episode_seed(tcfg.seed, step, fp, g * 1000 + i))
                             for g, fp in groups for i in range(tcfg.group_size)]
                 out = [stored[r.episode_id] for r in requests if r.episode_id in stored]
+                announced = policy.version      # the weights the step samples with
+                for t in out:                   # read back after an interruption: the same weights
+                    _check_versions(t, {announced})
                 todo = [r for r in requests if r.episode_id not in stored]
                 emit("rollout", {"step": step, "total": len(requests), "done": len(out)})
 
@@ -309,9 +335,14 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, hooks=hooks)
 
                 async for t in runner.run(todo, one):
+                    if remote is not None and remote.failure is not None:
+                        continue   # an episode the failure ended: never stored, never trained on
+                    _check_versions(t, {announced})
                     await asyncio.to_thread(trajectories.write, [t])   # durable before counted
                     out.append(t)
                     emit("episode", {"step": step, "trajectory": t})
+                if remote is not None:
+                    remote.check()   # a sampler endpoint down or serving other weights: stop here
                 failed = getattr(runner, "failed", [])
                 if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
                     emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
@@ -352,13 +383,16 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     # a full fine-tune makes no intermediate copy; LoRA is merged first.
                     weights = learner.model if not learner.is_lora else \
                         await asyncio.to_thread(learner.export_weights, True)
+                    t_push = time.perf_counter()
                     await policy.engine.update_weights(weights, version=f"step-{step}")
+                    push_s = time.perf_counter() - t_push
                     del weights
             finally:
                 torch.set_num_threads(rollout_threads)
             update_s = time.perf_counter() - t0
             row = _step_metrics(step, trajs, adv, learn, update_s, envs, refills=refills,
                                 step_s=time.perf_counter() - t_step)
+            row["time_push_s"] = push_s   # the new weights to the sampler (in memory or over HTTP)
             row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
             _append_jsonl(metrics_path, row)
             for name, gauge in gauges.items():
@@ -379,6 +413,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             await runner.aclose()
         await envs.close()
         policy.close()
+        if remote is not None:
+            await remote.aclose()
         torch.set_num_threads(all_threads)
         served.close()
     result.metrics = read_jsonl(metrics_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from tryloop._model import _Model
@@ -12,6 +14,33 @@ from tryloop.train.config import TrainConfig
 def _limits() -> EpisodeLimits:
     # Function-level tasks answered in one turn (a code block): what a 135M model on a CPU can do.
     return EpisodeLimits(max_turns=1, max_new_tokens=192, max_total_tokens=192, max_context_tokens=1024)
+
+
+class SamplerConfig(_Model):
+    """`train.sampler`: where episodes are sampled. No endpoints (the default): the in-process engine,
+    which gets the new weights in memory after each update. Endpoints: model servers (docs/train.md,
+    "Samplers are endpoints"), started with the same model as train.policy.name, which get the new
+    weights over HTTP with a version after each update; every trajectory records the versions that
+    sampled it, and one sampled with other weights than announced stops the run."""
+
+    endpoints: list[str] = Field(default_factory=list,
+                                 description="base URLs of OpenAI-compatible model servers (e.g. "
+                                             "http://host:8000); requests go to the least loaded. Empty: "
+                                             "the in-process engine")
+    kind: Literal["tryloop", "vllm", "sglang"] = Field(
+        "tryloop", description="tryloop: `tryloop serve model` with serve.model.weight_updates (tested); "
+                               "vllm / sglang: their weight-update endpoints from weights_dir (untested)")
+    weights_dir: str | None = Field(None, description="a path every endpoint reads too (a shared filesystem): "
+                                                      "pushes write the weights there and send the path. "
+                                                      "None: the weights travel in the request body "
+                                                      "(tryloop only)")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="environment variable holding the endpoints' API key "
+                                                "(their serve.model.auth_token_env); None: no key")
+    timeout_s: float = Field(300.0, gt=0, description="seconds one completion or push may take")
+    retries: int = Field(1, ge=0, description="a completion an endpoint did not answer (down, timeout, "
+                                              "5xx) is sent to the next endpoint up to this many times; "
+                                              "then the run stops with an error naming them")
 
 
 class TrainRunConfig(_Model):
@@ -29,6 +58,9 @@ class TrainRunConfig(_Model):
                                  description="the local model trained (sampled at T=0.7; a bf16 engine where "
                                              "bf16 is fast: the learner recomputes pi_old, so the sampler's "
                                              "rounding does not enter the ratio)")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig,
+                                   description="where episodes are sampled: the in-process engine, or "
+                                               "model servers that get each update's weights")
     rollout_threads: int | None = Field(1, ge=1, description="CPU: torch threads while episodes run (the "
                                         "verifier's test runs share the cores, and OpenMP threads that lose "
                                         "their core stall each other); the update uses every core. None: "
@@ -78,6 +110,9 @@ class TrainRunConfig(_Model):
         if p.top_p < 1.0:
             raise ValueError("train.policy.top_p < 1 is not supported for training: the learner cannot "
                              "recompute the nucleus-truncated distribution; use top_p 1")
+        if self.sampler.kind != "tryloop" and self.sampler.endpoints and not self.sampler.weights_dir:
+            raise ValueError(f"train.sampler.kind {self.sampler.kind} loads weights from a shared path: set "
+                             "train.sampler.weights_dir")
         if self.zone_lo > self.zone_hi:
             raise ValueError(f"train.zone_lo ({self.zone_lo}) is above train.zone_hi ({self.zone_hi})")
         return self

@@ -30,13 +30,34 @@ def zone_key_for(tcfg: TrainRunConfig, weights_version: str) -> str:
     return zone_key(weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
 
 
-def sampler_policy(loaded, tcfg: TrainRunConfig):
-    """The policy episodes are sampled from (the same for the zone, the rollouts and evaluations)."""
+def sampler_policy(loaded, tcfg: TrainRunConfig, engine=None):
+    """The policy episodes are sampled from (the same for the zone, the rollouts and evaluations);
+    `engine`: an `EndpointSampler` (train.sampler.endpoints) instead of the in-process engine."""
     from tryloop.agent.hf_policy import HFPolicy
 
     return HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
                     max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
-                    max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype)
+                    max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype, engine=engine)
+
+
+def endpoint_sampler(tcfg: TrainRunConfig, loaded):
+    """The train.sampler endpoints, or None for the in-process engine (not yet connected)."""
+    import os
+
+    from tryloop.agent.endpoints import EndpointSampler
+    from tryloop.errors import ConfigError
+
+    sc = tcfg.sampler
+    if not sc.endpoints:
+        return None
+    key = None
+    if sc.api_key_env:
+        key = os.environ.get(sc.api_key_env, "")
+        if not key:
+            raise ConfigError(f"train.sampler.api_key_env: the environment variable {sc.api_key_env} is unset "
+                              "or empty")
+    return EndpointSampler(sc.endpoints, kind=sc.kind, api_key=key, timeout_s=sc.timeout_s, retries=sc.retries,
+                           weights_dir=sc.weights_dir, model_config=getattr(loaded.model, "config", None))
 
 
 def by_family(task: Task) -> str:
