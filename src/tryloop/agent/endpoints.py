@@ -286,8 +286,9 @@ class EndpointSampler:
 
     # --- the engine's other calls -----------------------------------------------------------
 
-    async def drop_prefix_cache(self) -> None:
-        """Nothing to free here: a server drops its own prefix cache when new weights arrive."""
+    async def park(self) -> None:
+        """Nothing to free here: the weights and prefix caches live in the servers' processes, and a
+        server drops its cache when new weights arrive."""
 
     async def update_weights(self, weights: Any, *, version: str | None = None) -> str:
         v = version or f"{self.announced}+1"
