@@ -42,6 +42,7 @@ from typing import Any, Literal
 import httpx
 
 from tryloop.errors import TryloopError
+from tryloop.llm.client import LoopHTTP
 
 Kind = Literal["tryloop", "vllm", "sglang"]
 
@@ -92,8 +93,7 @@ class EndpointSampler:
         self.model_config = model_config          # written beside vLLM's / SGLang's weights
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._turn = itertools.count()
-        self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http = LoopHTTP(self._headers, self.timeout_s)
         self.announced = ""
         self.max_context = 0
         self.failure: SamplerError | None = None
@@ -105,13 +105,6 @@ class EndpointSampler:
     def weights_version(self) -> str:
         return self.announced
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop or self._http.is_closed:
-            self._http = httpx.AsyncClient(headers=self._headers, timeout=httpx.Timeout(self.timeout_s))
-            self._loop = loop
-        return self._http
-
     async def connect(self, expected_version: str, *, check_version: bool = True) -> None:
         """Every endpoint answers and (tryloop's server) serves `expected_version`, in raw
         log-probability mode; the error names each endpoint that does not. `check_version=False`
@@ -119,7 +112,7 @@ class EndpointSampler:
         problems = []
         for ep in self.endpoints:
             try:
-                r = await self._client().get(f"{ep.url}/v1/models", timeout=min(30.0, self.timeout_s))
+                r = await self._http.client().get(f"{ep.url}/v1/models", timeout=min(30.0, self.timeout_s))
                 r.raise_for_status()
                 entry = r.json()["data"][0]
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
@@ -183,7 +176,7 @@ class EndpointSampler:
             ep.in_flight += 1
             ep.requests += 1
             try:
-                r = await self._client().post(f"{ep.url}/v1/completions", json={"model": ep.model, **body})
+                r = await self._http.client().post(f"{ep.url}/v1/completions", json={"model": ep.model, **body})
             except httpx.HTTPError as e:
                 failures.append(f"{ep.url}: {type(e).__name__}: {str(e)[:200]}")
                 continue
@@ -269,7 +262,7 @@ class EndpointSampler:
     async def _push_one(self, ep: _Endpoint, path: str, req: dict[str, Any], version: str) -> None:
         t0 = time.perf_counter()
         try:
-            r = await self._client().post(f"{ep.url}{path}", **req)
+            r = await self._http.client().post(f"{ep.url}{path}", **req)
         except httpx.HTTPError as e:
             raise SamplerError(f"weights {version!r} did not reach sampler endpoint {ep.url}: "
                                f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -303,9 +296,7 @@ class EndpointSampler:
         """The HTTP connections go with `aclose` (or with the event loop)."""
 
     async def aclose(self) -> None:
-        http, self._http = self._http, None
-        if http is not None and self._loop is asyncio.get_running_loop():
-            await http.aclose()
+        await self._http.aclose()
 
 
 def _safe(version: str) -> str:

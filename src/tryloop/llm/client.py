@@ -72,8 +72,7 @@ class ChatClient:
         self._headers = dict(headers or {})
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._http: httpx.AsyncClient | None = None
-        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._http = LoopHTTP(self._headers, timeout_s)
 
     # -- public calls -------------------------------------------------------------
 
@@ -138,11 +137,7 @@ class ChatClient:
         return parse_prometheus(resp.text)
 
     async def aclose(self) -> None:
-        http, self._http = self._http, None
-        # A pool opened under an earlier event loop cannot be closed from this one; its
-        # sockets went with that loop.
-        if http is not None and self._http_loop is asyncio.get_running_loop():
-            await http.aclose()
+        await self._http.aclose()
 
     async def __aenter__(self) -> ChatClient:
         return self
@@ -215,7 +210,7 @@ class ChatClient:
 
     async def _send(self, method: str, url: str, body: dict[str, Any] | None = None, *,
                     timeout_s: float | None = None) -> httpx.Response:
-        client = self._client()
+        client = self._http.client()
         limit = timeout_s or self.timeout_s
         try:
             async with asyncio.timeout(limit):
@@ -230,15 +225,31 @@ class ChatClient:
                                resp.status_code, text, parse_retry_after(resp.headers.get("retry-after")))
         return resp
 
-    def _client(self) -> httpx.AsyncClient:
-        # An httpx client is bound to the event loop that opened its connections; a
-        # ChatClient reused under a new loop (e.g. successive asyncio.run calls) gets a
-        # fresh one instead of failing on the old loop's sockets.
+
+
+class LoopHTTP:
+    """An `httpx.AsyncClient` for the running event loop. An httpx client is bound to the loop that
+    opened its connections; a holder reused under a new loop (e.g. successive `asyncio.run` calls)
+    gets a fresh one instead of failing on the old loop's sockets."""
+
+    def __init__(self, headers: Mapping[str, str], timeout_s: float):
+        self.headers, self.timeout_s = dict(headers), timeout_s
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
-        if self._http is None or self._http_loop is not loop or self._http.is_closed:
-            self._http = httpx.AsyncClient(headers=self._headers, timeout=httpx.Timeout(self.timeout_s))
-            self._http_loop = loop
+        if self._http is None or self._loop is not loop or self._http.is_closed:
+            self._http = httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout_s))
+            self._loop = loop
         return self._http
+
+    async def aclose(self) -> None:
+        http, self._http = self._http, None
+        # A pool opened under an earlier event loop cannot be closed from this one; its
+        # sockets went with that loop.
+        if http is not None and self._loop is asyncio.get_running_loop():
+            await http.aclose()
 
 
 def parse_retry_after(value: str | None) -> float | None:
