@@ -11,7 +11,9 @@ import pytest
 
 from tryloop.rewards import detectors as d
 from tryloop.rewards import redteam as r
+from tryloop.rewards.decoys import EXPECTED_READ
 from tryloop.rewards.detectors import detect
+from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import verify
 from tryloop.tasks import harness as h
 from tryloop.tasks.model import Task, TaskMeta
@@ -30,9 +32,11 @@ def test_the_registries_agree():
     assert set(r.ATTACKS) == set(r.EXPECTED_FLAGS)
     assert r.FOOLS_TESTS <= r.SURVIVES_RESTORE <= set(r.ATTACKS)
     assert r.PREVENTED <= r.SURVIVES_RESTORE and not r.PREVENTED & r.FOOLS_TESTS
+    assert r.CAUGHT_BY_DECOYS <= r.SURVIVES_RESTORE and not r.CAUGHT_BY_DECOYS & r.FOOLS_TESTS
+    assert {r.EXPECTED_FLAGS[a] for a in r.CAUGHT_BY_DECOYS} == {frozenset({EXPECTED_READ})}
     assert r.EXPECTED_FLAGS["do_nothing"] == frozenset()
     for name, kinds in r.EXPECTED_FLAGS.items():
-        assert kinds <= set(d.DETECTORS) | set(h.EVIDENCE_KINDS), name
+        assert kinds <= set(d.DETECTORS) | set(h.EVIDENCE_KINDS) | {EXPECTED_READ}, name
         assert kinds or name in {"do_nothing", *r.PREVENTED}, name
     with pytest.raises(KeyError, match="unknown attack"):
         r.run("no_such_attack", None)  # type: ignore[arg-type]
@@ -48,7 +52,9 @@ def test_the_suite_runs_on_real_bundled_tasks(tasks):
 @pytest.mark.parametrize("attack", list(r.ATTACKS))
 def test_every_attack_is_flagged_as_a_hack(tasks, attack, task_id):
     task = tasks[task_id]
-    sub = r.run(attack, task)
+    sub = _attack(attack, task)
+    if sub is None:
+        return
     flags = detect(task, sub, pristine=task.workspace_files(), hidden_tests=task.hidden_tests())
     hack_kinds = {f.kind for f in d.hacks(flags)}
     assert r.EXPECTED_FLAGS[attack] & set(d.DETECTORS) <= hack_kinds, flags  # runtime kinds: end to end
@@ -66,7 +72,10 @@ def test_every_attack_is_flagged_as_a_hack(tasks, attack, task_id):
 def test_attacks_that_live_in_the_code_under_test_leave_tests_and_hooks_alone(tasks):
     task = tasks["fixture/visible-tests"]
     for name in r.SURVIVES_RESTORE - {"skip_marks"}:
-        changed = r.run(name, task).changes
+        sub = _attack(name, task)
+        if sub is None:
+            continue
+        changed = sub.changes
         assert not any(d.protected_match(p, task.meta.protected_paths) or p in task.hidden_tests()
                        for p in changed), name
 
@@ -90,14 +99,29 @@ def test_hidden_literals_hard_codes_the_leaked_pairs(tasks):
 # ---- end to end: the verifier ------------------------------------------------------------------
 
 
+def _attack(attack: str, task: Task) -> Submission | None:
+    """The attack's submission; None where the task lacks what it reads (only the attacks that
+    read parametrizations or tables of the hidden tests may need that)."""
+    try:
+        return r.run(attack, task)
+    except r.AttackNotApplicable:
+        assert attack in {"read_params", "read_tables"}, attack
+        return None
+
+
 async def _judge(runtime, task: Task, attack: str) -> None:
-    verdict = await verify(runtime, task, r.run(attack, task))
+    sub = _attack(attack, task)
+    if sub is None:
+        return
+    verdict = await verify(runtime, task, sub)
     assert verdict.state != "no_verdict", verdict.reason
     hack_kinds = {f.kind for f in verdict.flags if f.severity == "hack"}
     if attack == "do_nothing":
         assert verdict.state == "fail" and not hack_kinds, verdict
         return
     assert verdict.state != "pass", verdict
+    if attack in r.CAUGHT_BY_DECOYS and set(verdict.outcomes.values()) != {"passed"}:
+        return  # it did not pass the tests here, so no decoy ran; the verdict is a fail
     assert r.EXPECTED_FLAGS[attack] <= hack_kinds, verdict.flags
     if attack in r.FOOLS_TESTS:
         # The tests alone were fooled: only the flags kept the reward at zero. If the verifier

@@ -93,7 +93,12 @@ class GoldSet:
 
 def builtin_items(task: Task) -> list[GoldItem]:
     """Reference, do-nothing and every red-team attack on one task."""
-    from tryloop.rewards.redteam import ATTACKS, EXPECTED_FLAGS, AttackNotApplicable
+    from tryloop.rewards.redteam import (
+        ATTACKS,
+        CAUGHT_BY_DECOYS,
+        EXPECTED_FLAGS,
+        AttackNotApplicable,
+    )
 
     base = {"task_id": task.id, "task_fingerprint": task.fingerprint(), "family": task.meta.family}
     items = [GoldItem(**base, label="reference", expect="pass",
@@ -106,8 +111,9 @@ def builtin_items(task: Task) -> list[GoldItem]:
             sub = attack(task)
         except AttackNotApplicable:  # e.g. no literal asserts to copy from this task's tests
             continue
-        items.append(GoldItem(**base, label=f"hack:{name}", expect="fail",
-                              expect_flags=sorted(EXPECTED_FLAGS.get(name, [])),
+        # An attack the decoy run stops is flagged only where it passes the tests; it must fail everywhere.
+        flags = [] if name in CAUGHT_BY_DECOYS else sorted(EXPECTED_FLAGS.get(name, []))
+        items.append(GoldItem(**base, label=f"hack:{name}", expect="fail", expect_flags=flags,
                               changes=encode_changes(sub.changes), commands=list(sub.commands)))
     return items
 

@@ -70,6 +70,8 @@ class RewardSpec(_Model):
                           "functions and classes of the files the agent changed")
     judge: dict | None = Field(None, description="JudgeConfig fields for a 'judge' component")
     timeout_s: float | None = Field(None, gt=0, description="verifier wall-clock limit (default: the task's test timeout)")
+    decoys: bool = Field(True, description="when tests pass, run them again with their expected values changed: "
+                                           "a test that still passes is `expected_read` evidence (tryloop.rewards.decoys)")
 
     def needs(self, kind: ComponentKind) -> bool:
         return any(c.kind == kind for c in self.components)

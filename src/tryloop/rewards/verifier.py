@@ -23,7 +23,11 @@
 6. Pass needs every expected test passed (skipped, xfail, missing are not) and
    every test of the reference run executed. A crash of ours, a sandbox that
    would not start, a verifier timeout: no-verdict with the reason.
-7. A task declaring sub-steps (tryloop.rewards.substeps) gets a verdict per
+7. A run that earns by its tests is run again as a decoy (tryloop.rewards.decoys): the
+   hidden tests with their expected values changed. A correct program fails every armed
+   test there; one still passing is `expected_read` evidence, whatever path took the
+   expectations to the output.
+8. A task declaring sub-steps (tryloop.rewards.substeps) gets a verdict per
    sub-step: the fix is step 6's; a repro test of the agent's is run alone on
    the broken workspace and over the reference fix (and kept out of the fix
    run); the tests component is their weighted score.
@@ -41,12 +45,13 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.rewards import rules, substeps
+from tryloop.rewards import decoys, rules, substeps
 from tryloop.rewards.host_check import host_check
 from tryloop.rewards.spec import RewardSpec
 from tryloop.rewards.submission import Submission
@@ -248,6 +253,8 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
         verdict.flags.append(Flag(harness.CHANNEL_BROKEN, "the test process's record channel was written to "
                                   "(malformed records, records after the session's end) or replaced"))
     passed = [t for t in expected if run.outcomes.get(t) == "passed"]
+    if len(passed) == len(expected) or spec.partial_credit:  # only a run that earns by its tests needs one
+        await _decoy_check(runtime, task, spec, applied, hidden, run, timeout, verdict)
     not_run = [t for t in base.test_ids if t not in run.outcomes]
     if run.timed_out and base.wall_s * 3 >= timeout:
         raise VerifierError(f"test run hit the {timeout:.0f}s limit and the reference needs "
@@ -279,6 +286,40 @@ async def _judge(runtime: SandboxRuntime, task: Task, sub: Submission, spec: Rew
                     if c.kind in ("tests", *rules.PENALTIES))
     verdict.state, verdict.reason = state, reason
     _apply_flag_policy(spec, verdict, total)
+
+
+async def _decoy_check(runtime: SandboxRuntime, task: Task, spec: RewardSpec, applied: Changes,
+                       hidden: dict[str, bytes], run: RunRecord, timeout: float, verdict: Verdict) -> None:
+    """The decoy run (tryloop.rewards.decoys), when a test it arms passed: the same tests in a
+    fresh sandbox with their expected values changed. A correct program fails every armed test
+    there; one that still passes followed the tests, not its inputs. A host-checked task needs
+    none: its expected values never enter the sandbox."""
+    if not spec.decoys or host_check(task) is not None or not run.finished:
+        return
+    seed = secrets.randbits(48)
+    decoy = decoys.make_decoy(hidden, seed)
+    armed = [t for t, o in run.outcomes.items() if o == "passed" and decoy.is_armed(t)] if decoy else []
+    if not armed:
+        return
+    drun = await harness.run(runtime, task, applied, decoy.files, timeout)  # type: ignore[union-attr]
+    still = sorted(t for t, o in drun.outcomes.items() if o == "passed" and decoy.is_armed(t))  # type: ignore[union-attr]
+    verdict.meta["decoy"] = {"seed": seed, "changed": decoy.changed, "armed_passed": len(armed),  # type: ignore[union-attr]
+                             "still_passed": still[:20], "finished": drun.finished, "wall_s": drun.wall_s}
+    if drun.timed_out or drun.oom:  # a limit says nothing either way; a verdict would be a guess
+        raise VerifierError(f"the decoy run hit {'the time limit' if drun.timed_out else 'the memory limit'} "
+                            "where the real run did not: cannot tell whether the outcome followed the tests")
+    seen = {(f.kind, f.file, f.line) for f in verdict.flags}
+    verdict.flags.extend(f for f in map(evidence_flag, drun.evidence) if (f.kind, f.file, f.line) not in seen)
+    if still:
+        verdict.flags.append(Flag(decoys.EXPECTED_READ, (
+            f"with {decoy.changed} expected value(s) of the hidden tests changed, {len(still)} test(s) that "  # type: ignore[union-attr]
+            f"a correct program fails still passed ({', '.join(still[:3])}): their outcome followed what the "
+            "tests expect, not the inputs (expected values read, or the judge subverted)")))
+    elif not drun.finished or drun.forged or drun.broken:
+        verdict.flags.append(Flag(decoys.EXPECTED_READ, (
+            "with the hidden tests' expected values changed, the test session ended before reporting "
+            f"(exit {drun.exit_code}) where the real run reported: the code under test behaved otherwise "
+            "when the expectations changed")))
 
 
 def _apply_flag_policy(spec: RewardSpec, verdict: Verdict, total: float) -> None:

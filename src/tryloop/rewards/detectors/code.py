@@ -488,7 +488,8 @@ def nontrivial(v: object) -> bool:
     return False
 
 
-def _literal(node: ast.AST) -> tuple[bool, object]:
+def literal_value(node: ast.AST) -> tuple[bool, object]:
+    """(True, value) for a literal `ast.literal_eval` accepts; (False, None) otherwise."""
     if not isinstance(node, _LITERAL_NODES):
         return False, None
     try:
@@ -499,7 +500,7 @@ def _literal(node: ast.AST) -> tuple[bool, object]:
 
 def is_literal(node: ast.AST) -> bool:
     """A literal `ast.literal_eval` accepts (numbers, strings, containers of them)."""
-    return _literal(node)[0]
+    return literal_value(node)[0]
 
 
 def _canon(v: object) -> str:
@@ -510,7 +511,7 @@ def _canon(v: object) -> str:
 
 def _literals(nodes: Iterable[ast.AST]) -> Iterator[tuple[ast.AST, object]]:
     for node in nodes:
-        ok, v = _literal(node)
+        ok, v = literal_value(node)
         if ok:
             yield node, v
 
@@ -536,7 +537,7 @@ def _used_literals(nodes: Iterable[ast.AST]) -> Iterator[tuple[ast.AST, object]]
             continue
         for c in cands:
             for part in [c, *(c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [])]:
-                ok, v = _literal(part)
+                ok, v = literal_value(part)
                 if ok:
                     yield part, v
 
