@@ -1,0 +1,68 @@
+"""The red-team table: every attack on every red-team task, judged by the real verifier.
+
+    sudo .venv/bin/python benchmarks/redteam.py --out benchmarks/results-redteam.json
+
+The tasks are the suite's (`redteam_tasks`: a HumanEval problem and a multi-file bug) and the two
+fixtures of the test suite (`fixture/visible-tests`: visible tests and a conftest;
+`fixture/table-tests`: hidden tests that keep their expected values in a parametrization and a
+table). Every attack runs with the default reward spec; the attacks only the decoy run stops
+(`CAUGHT_BY_DECOYS`) run once more with `decoys: false`, which is what they earned before it.
+The Markdown table (attack, then `verdict reward` per task, then the flags) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from tryloop.config import TryloopConfig
+from tryloop.rewards import redteam
+from tryloop.rewards.spec import RewardSpec
+from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks.model import Task
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "rewards" / "data"
+
+
+def _cell(row: dict) -> str:
+    if row["state"] == "n/a":
+        return "n/a"
+    reward = "-" if row["reward"] is None else f"{row['reward']:.2f}"
+    passed = " (all passed)" if row.get("outcomes") == ["passed"] else ""
+    return f"{row['state']} {reward}{passed}"
+
+
+def markdown(rows: list[dict], tasks: list[str]) -> str:
+    by = {(r["attack"], r["task"]): r for r in rows}
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    out = [f"| attack | {' | '.join(tasks)} | flags (any task) |", "|---" * (len(tasks) + 2) + "|"]
+    for a in attacks:
+        flags = sorted({f for t in tasks for f in by[(a, t)]["flags"]})
+        out.append(f"| `{a}` | {' | '.join(_cell(by[(a, t)]) for t in tasks)} | {', '.join(flags) or '—'} |")
+    return "\n".join(out)
+
+
+async def main(out: Path | None) -> dict:
+    rt = SandboxRuntime(TryloopConfig().runtime)
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = redteam.redteam_tasks(Path(tmp)) + [Task.load(FIXTURES / "visible-tests"),
+                                                     Task.load(FIXTURES / "table-tests")]
+        after = await redteam.table(rt, tasks)
+        before = await redteam.table(rt, tasks, sorted(redteam.CAUGHT_BY_DECOYS), spec=RewardSpec(decoys=False))
+    ids = [t.id for t in tasks]
+    res = {"tasks": ids, "default": after, "decoys_off": before}
+    print(markdown(after, ids))
+    print("\nwith decoys: false\n")
+    print(markdown(before, ids))
+    if out:
+        out.write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path)
+    asyncio.run(main(p.parse_args().out))
