@@ -143,6 +143,8 @@ async def test_pooled_reset_and_forked_sandboxes_give_their_veth_back(runtime, o
         assert "outside-ok" in res.text(), res.text() + res.text("stderr")
         res = await sb.exec("cat /etc/resolv.conf")  # the nameservers it can reach, as a build step's
         assert res.stdout == buildnet.resolv_conf(), res.text()
+        res = await sb.exec(["python3", "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))"])
+        assert res.text().strip() == "127.0.0.1", res.text() + res.text("stderr")  # its own name, on its own lo
         await sb.exec("echo changed > /tmp/mark")
         await sb.reset()  # the namespace is the init's: the same veth, still working
         res = await sb.exec(reach)

@@ -38,9 +38,10 @@ kernel, an address pool that overlaps a host route) fails the sandbox's creation
 (SandboxNetworkError) with a message naming what is missing: never a silent fallback to the
 host's network.
 
-DNS: the sandbox's /etc/resolv.conf (with the host's /etc/hosts, a layer on top of its root
-only, never part of a snapshot or image) keeps the host's nameservers that a sandbox can reach (not
-loopback, link-local or an address of the host). A host whose only resolver is local
+DNS: the sandbox's /etc/resolv.conf (with an /etc/hosts of its own name and the host's
+entries, a layer on top of its root only, never part of a snapshot or image) keeps the
+host's nameservers that a sandbox can reach (not loopback, link-local or an address of the
+host). A host whose only resolver is local
 (systemd-resolved's 127.0.0.53) gets the upstream servers of
 /run/systemd/resolve/resolv.conf; if none is found, the sandbox fails to start and says so.
 """
@@ -343,15 +344,15 @@ def resolv_conf(sources: tuple[str, ...] = RESOLV_SOURCES) -> bytes:
                        "reach; name an upstream nameserver in /etc/resolv.conf")
 
 
-def etc_layer(store) -> str:
-    """The layer of /etc/resolv.conf (resolv_conf) and the host's /etc/hosts that the runtime
-    mounts on top of a networked sandbox's root, so that it resolves names as the host does;
-    never part of a snapshot or image."""
-    files = {"etc/resolv.conf": resolv_conf()}
-    hosts = Path("/etc/hosts")
-    if hosts.is_file():
-        files["etc/hosts"] = hosts.read_bytes()
-    return store.add_files(files, uid=0, gid=0)
+def etc_layer(store, hostname: str = "sandbox") -> str:
+    """The layer of /etc/resolv.conf (resolv_conf) and /etc/hosts (the sandbox's own name on
+    its loopback, then the host's entries) that the runtime mounts on top of a networked
+    sandbox's root, so that it resolves names as the host does; never part of a snapshot
+    or image."""
+    hosts = f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n".encode()
+    with contextlib.suppress(OSError):
+        hosts += Path("/etc/hosts").read_bytes()
+    return store.add_files({"etc/resolv.conf": resolv_conf(), "etc/hosts": hosts}, uid=0, gid=0)
 
 
 def support() -> tuple[bool, str]:

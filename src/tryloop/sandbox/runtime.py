@@ -229,7 +229,7 @@ class SandboxRuntime:
         if cfg.network:
             from tryloop.sandbox import buildnet
 
-            net_layer = buildnet.etc_layer(self.store)
+            net_layer = buildnet.etc_layer(self.store, cfg.hostname)
         sb = await self._create(snapshot, cfg, timeout, root_capabilities, net_layer)
         if cfg.network:
             try:
