@@ -148,6 +148,17 @@ def test_parse_names_its_source():
     assert parse(SandboxConfig, {"network": True}).network is True
 
 
+def test_network_nat_is_gone():
+    """`network` alone gives the filtered network namespace; a config still naming
+    network_nat is told so, and one asking for the host's network is refused."""
+    for doc in ({"network": True, "network_nat": True}, {"network_nat": False}):
+        with pytest.warns(DeprecationWarning, match="network_nat is deprecated and ignored"):
+            cfg = parse(SandboxConfig, doc)
+        assert cfg.network is doc.get("network", False) and "network_nat" not in cfg.model_dump()
+    with pytest.raises(ConfigError, match="asked for the host's network namespace, which no sandbox gets"):
+        parse(SandboxConfig, {"network": True, "network_nat": False}, "old.yaml")
+
+
 # ---- frozen ---------------------------------------------------------------------------------
 
 

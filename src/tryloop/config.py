@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from tryloop._model import _Model  # re-exported: the base of every config model
 from tryloop.errors import ConfigError
@@ -33,10 +34,10 @@ class SandboxLimits(_Model):
 class SandboxConfig(_Model):
     """How each sandbox is built. Isolation itself is not optional: only network can be opened."""
 
-    network: bool = Field(False, description="share the host network; default is a private netns with loopback only")
-    network_nat: bool = Field(False, description="with network: a netns of its own, NAT'd out through the host, that "
-                                                 "reaches no address of the host and no link-local address "
-                                                 "(what image build steps get; see sandbox/buildnet.py)")
+    network: bool = Field(False, description="the sandbox's own netns gets a veth NAT'd out through the host, filtered "
+                                             "so that it reaches no address of the host, no link-local address and "
+                                             "no other sandbox (sandbox/buildnet.py); default: loopback only. "
+                                             "Never the host's network namespace")
     uid: int = Field(1000, ge=1, description="unprivileged uid the agent's processes run as")
     gid: int = Field(1000, ge=1)
     hostname: str = Field("sandbox", min_length=1, max_length=63)
@@ -45,6 +46,24 @@ class SandboxConfig(_Model):
     output_limit_bytes: int = Field(1 << 20, ge=1024, description="cap on collected stdout/stderr per stream")
     seccomp_extra_deny: list[str] = Field(default_factory=list, description="syscall names denied on top of the default list")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_network_nat(cls, data: Any) -> Any:
+        """`network_nat` is gone: `network` alone gives the filtered network it named, and no
+        sandbox shares the host's network namespace any more."""
+        if not isinstance(data, dict) or "network_nat" not in data:
+            return data
+        data = dict(data)
+        nat = data.pop("network_nat")
+        if nat is False and data.get("network") is True:
+            raise ValueError("network_nat: false with network: true asked for the host's network namespace, which no "
+                             "sandbox gets any more; remove network_nat: a sandbox with network has a namespace of "
+                             "its own, NAT'd out through the host and kept from the host's own addresses")
+        warnings.warn("sandbox.network_nat is deprecated and ignored: a sandbox with network always gets its own "
+                      "filtered network namespace (NAT'd out, no host or link-local address); remove the field",
+                      DeprecationWarning, stacklevel=2)
+        return data
 
 
 class RuntimeConfig(_Model):

@@ -1,6 +1,7 @@
-"""The network of build steps (sandbox/buildnet.py) reaches past the host, leaves nothing
-behind, and is refused, not replaced by the host's network, where the host cannot give it.
-What it must not reach (the host, link-local) is in test_build_security.py."""
+"""The network of sandboxes with network (sandbox/buildnet.py: build steps and agent sandboxes
+alike) reaches past the host, leaves nothing behind, and is refused, not replaced by the
+host's network, where the host cannot give it. What it must not reach (the host,
+link-local) is in test_build_security.py and test_security.py."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ while True:
 
 
 def _host_state() -> dict:
-    """What a build network may touch on the host: its interfaces, the table, forwarding."""
+    """What a sandbox network may touch on the host: its interfaces, the table, forwarding."""
     conf = Path("/proc/sys/net/ipv4/conf")
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     return {"devs": sorted(d for d in os.listdir("/sys/class/net") if d.startswith(buildnet.PREFIX)),
@@ -50,7 +51,7 @@ def _host_state() -> dict:
 @pytest.fixture
 def clean_host():
     before = _host_state()
-    assert not before["devs"] and not before["table"], f"a build network is already up: {before}"
+    assert not before["devs"] and not before["table"], f"a sandbox network is already up: {before}"
     yield before
     assert _host_state() == before
 
@@ -110,6 +111,57 @@ async def test_a_host_without_nft_refuses_the_step_and_says_so(build_runtime, ba
     with pytest.raises(BuildError, match=r"nft not found.*never falls back to the host's network"):
         await _step(build_runtime, base, "/bin/attacks connect 198.18.0.2 9", network=True)
     assert not build_runtime.live
+
+
+async def test_a_host_without_nft_refuses_a_networked_sandbox_and_says_so(runtime, clean_host, monkeypatch):
+    """An agent sandbox with network on a host that cannot filter it: no sandbox, an error
+    naming what is missing, never the host's network."""
+    from tryloop.config import SandboxConfig
+
+    which = shutil.which
+    monkeypatch.setattr(buildnet.shutil, "which", lambda t, *a, **k: None if t == "nft" else which(t, *a, **k))
+    with pytest.raises(buildnet.SandboxNetworkError, match=r"nft not found.*never falls back to the host's network"):
+        await runtime.create(None, SandboxConfig(network=True))
+    assert not runtime.live
+
+
+async def test_pooled_reset_and_forked_sandboxes_give_their_veth_back(runtime, outside, clean_host):
+    """Every way to a networked sandbox (a warm pool's, reset, forked from a snapshot) has
+    its own veth and reaches past the host; each veth goes with its sandbox, and the last
+    one out removes the table and restores forwarding (clean_host)."""
+    from tryloop.config import PoolConfig, SandboxConfig
+    from tryloop.sandbox.pool import WarmPool
+
+    addr, port = outside
+    reach = ["python3", "-c", f"import socket; print(socket.create_connection(('{addr}', {port}), 3).recv(64))"]
+    cfg = SandboxConfig(network=True)
+    devs = lambda: {d for d in os.listdir("/sys/class/net") if d.startswith(buildnet.PREFIX)}  # noqa: E731
+    async with WarmPool(runtime, runtime.base_snapshot(cfg), cfg, PoolConfig(size=2), name="netpool") as pool:
+        sb = await pool.acquire()
+        assert sb.netdev in devs() and len(devs()) >= 2, devs()  # the idle one has its own
+        res = await sb.exec(reach)
+        assert "outside-ok" in res.text(), res.text() + res.text("stderr")
+        res = await sb.exec("cat /etc/resolv.conf")  # the nameservers it can reach, as a build step's
+        assert res.stdout == buildnet.resolv_conf(), res.text()
+        res = await sb.exec(["python3", "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))"])
+        assert res.text().strip() == "127.0.0.1", res.text() + res.text("stderr")  # its own name, on its own lo
+        await sb.exec("echo changed > /tmp/mark")
+        await sb.reset()  # the namespace is the init's: the same veth, still working
+        res = await sb.exec(reach)
+        assert "outside-ok" in res.text() and sb.netdev in devs(), res.text() + res.text("stderr")
+        (fork,) = await sb.fork(1)
+        try:
+            assert fork.netdev and fork.netdev != sb.netdev and fork.netdev in devs()
+            # Its snapshot is the pool's plus what changed: resolv.conf and hosts are mounted, not kept.
+            assert fork.snapshot.layers[1:] == sb.snapshot.layers, (fork.snapshot, sb.snapshot)
+            assert (await fork.exec("cat /tmp/mark")).exit_code != 0  # reset: gone before the fork
+            res = await fork.exec(reach)
+            assert "outside-ok" in res.text(), res.text() + res.text("stderr")
+        finally:
+            await fork.close()
+        assert fork.netdev not in devs()
+        pool.release(sb)
+    assert not devs() and not runtime.live
 
 
 async def test_gc_reclaims_the_build_network_of_a_crashed_owner(build_runtime, clean_host):
@@ -193,7 +245,7 @@ async def test_build_networks_are_apart_and_have_no_ipv6(runtime, clean_host):
     other; no IPv6 address in either."""
     from tryloop.config import SandboxConfig
 
-    cfg = SandboxConfig(network=True, network_nat=True)
+    cfg = SandboxConfig(network=True)
     async with await runtime.create(None, cfg) as a, await runtime.create(None, cfg) as b:
         assert a.netdev != b.netdev and {a.netdev, b.netdev} <= set(os.listdir("/sys/class/net"))
         n = int(a.netdev[len(buildnet.PREFIX):])
@@ -225,5 +277,5 @@ def test_a_local_resolver_gives_way_to_its_upstream_or_is_refused(tmp_path):
                         "nameserver 9.9.9.9\nsearch example.internal\n")
     conf = buildnet.resolv_conf((str(stub), str(upstream))).decode()
     assert conf == "search example.internal\nnameserver 10.255.255.53\nnameserver 9.9.9.9\n", conf
-    with pytest.raises(buildnet.BuildNetworkError, match="no nameserver a build can reach"):
+    with pytest.raises(buildnet.SandboxNetworkError, match="no nameserver a sandbox can reach"):
         buildnet.resolv_conf((str(stub), str(tmp_path / "absent.conf")))

@@ -80,16 +80,16 @@ def test_user_namespaces_off_is_reported_and_logged(runtime_config, tmp_path, ca
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="probes with root")
-def test_doctor_checks_the_build_network(monkeypatch):
-    """Not required (only networked build steps need it), probed for real by the CLI, and
+def test_doctor_checks_the_sandbox_network(monkeypatch):
+    """Not required (only sandboxes with network need it), probed for real by the CLI, and
     naming what is missing."""
     import os
     import shutil
 
     from tryloop.sandbox import buildnet
-    from tryloop.sandbox.doctor import build_network_check
+    from tryloop.sandbox.doctor import network_check
 
-    check = build_network_check(probe=True)
+    check = network_check(probe=True)
     assert check.ok and not check.required, check
     assert not [d for d in os.listdir("/sys/class/net") if d.startswith(("tlb", "tlx"))]
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
@@ -97,6 +97,6 @@ def test_doctor_checks_the_build_network(monkeypatch):
     which = shutil.which
     monkeypatch.setattr(buildnet.shutil, "which", lambda t, *a, **k: None if t == "nft" else which(t, *a, **k))
     for probe in (True, False):
-        check = build_network_check(probe=probe)
+        check = network_check(probe=probe)
         assert not check.ok and "nft not found" in check.detail and "nftables" in check.fix, check
-    assert "build network (filtered netns)" in {c.name for c in checks()}
+    assert "sandbox network (filtered netns)" in {c.name for c in checks()}

@@ -140,12 +140,12 @@ def _host_files(*paths: Path, content: bytes) -> Iterator[None]:
 
 
 class _HostServer:
-    """A TCP server on host 127.0.0.1, accepting in a thread with bounded waits."""
+    """A TCP server on a host address (default 127.0.0.1), accepting in a thread with bounded waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
@@ -395,19 +395,86 @@ async def test_only_loopback_and_no_routes(sandbox):
     assert all(" lo" in line or line.split()[-1] == "lo" for line in route6.strip().splitlines()), route6
 
 
-async def test_network_true_shares_host_network(runtime, small_config):
-    """Documented behaviour: `network=True` means the host's network namespace."""
-    cfg = SandboxConfig(network=True, limits=small_config.limits)
-    with _HostServer() as srv:
+def _host_ipv4() -> list[str]:
+    """The host's own IPv4 addresses other than loopback and sandbox veths."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    return [f[3].split("/")[0] for f in (line.split() for line in out.splitlines())
+            if len(f) > 3 and not f[3].startswith("127.") and not f[1].startswith("tlb")]
+
+
+# Connects to each ADDR:PORT of argv at once (ADDR "gw": the default gateway), 1 s each;
+# prints "ADDR:PORT=0" for a connection, "=errno" otherwise. Then the sandbox's view of the
+# network: interfaces, default gateway, local addresses, network namespace.
+NET_PROBE = r"""
+import errno, os, socket, struct, sys, threading
+gw = "none"
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000" and int(f[2], 16):
+        gw = socket.inet_ntoa(struct.pack("<I", int(f[2], 16)))
+out = {}
+def probe(addr, port):
+    addr = gw if addr == "gw" else addr
+    try:
+        socket.create_connection((addr, int(port)), 1.0).sendall(b"escaped")
+        out[f"{addr}:{port}"] = 0
+    except OSError as e:
+        out[f"{addr}:{port}"] = e.errno or errno.ETIMEDOUT
+ts = [threading.Thread(target=probe, args=a.split(":")) for a in sys.argv[1:]]
+[t.start() for t in ts]
+[t.join() for t in ts]
+for k, v in sorted(out.items()):
+    print(f"{k}={v}")
+print("ifaces=" + ",".join(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])))
+print(f"gw={gw}")
+print("local=" + ",".join(sorted({l.split()[-1] for l in open("/proc/net/fib_trie").read().splitlines()
+                                  if l.strip().startswith("|--")})))
+print(f"netns={os.stat('/proc/self/ns/net').st_ino}")
+"""
+
+
+async def test_network_true_reaches_nothing_of_the_host(runtime):
+    """The agent sandbox of a task with `network = true` (the harness's own config for it)
+    has a network namespace of its own with a filtered uplink: it connects to no service
+    of the host, on the host's loopback, on the host's own addresses or on its end of the
+    sandbox's veth, and it sees none of the host's interfaces or addresses. Its veth goes
+    when it closes."""
+    import ipaddress
+
+    from tryloop.sandbox import buildnet
+    from tryloop.tasks.harness import sandbox_config_for
+    from tryloop.tasks.model import TaskMeta
+
+    meta = TaskMeta(id="sec/net", family="net", project="sec", source="local", network=True, memory_mb=256,
+                    test_timeout_s=20)
+    cfg = sandbox_config_for(type("T", (), {"meta": meta})())
+    assert cfg.network
+    own = _host_ipv4()
+    with contextlib.ExitStack() as stack:
+        servers = {"127.0.0.1": stack.enter_context(_HostServer())}
+        for addr in own:
+            servers[addr] = stack.enter_context(_HostServer(addr))
+        anywhere = stack.enter_context(_HostServer("0.0.0.0"))  # bound to every address of the host
+        targets = [f"{a}:{srv.port}" for a, srv in servers.items()]
+        targets += [f"127.0.0.1:{anywhere.port}", f"gw:{anywhere.port}", *(f"{a}:{anywhere.port}" for a in own)]
         async with _open(runtime, cfg) as sb:
-            code = (f"import socket; s = socket.create_connection(('127.0.0.1', {srv.port}), timeout=3);"
-                    "s.sendall(b'hello-from-sandbox'); s.close(); print('CONNECTED')")
-            res = await sb.exec(["python3", "-c", code], timeout=10)
-            assert res.ok and "CONNECTED" in res.text(), _desc(res)
-        deadline = time.monotonic() + 3
-        while not srv.accepted and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert srv.accepted == [b"hello-from-sandbox"], srv.accepted
+            netdev = sb.netdev
+            res = await sb.exec(["python3", "-c", NET_PROBE, *targets], timeout=20)
+            assert res.ok, _desc(res)
+            report = dict(line.split("=", 1) for line in res.text().splitlines())
+            reached = [t for t, v in report.items() if ":" in t and v == "0"]
+            assert not reached, f"the sandbox reached services of the host: {reached}\n{res.text()}"
+            time.sleep(0.3)
+            for srv in (*servers.values(), anywhere):
+                assert srv.accepted == [], f"a host server accepted a connection from the sandbox: {srv.accepted}"
+            # It has a network (a default route through its own veth), and only its own.
+            assert report["ifaces"] == "eth0,lo", report
+            assert report["gw"] != "none" and ipaddress.ip_address(report["gw"]) in buildnet.POOL, report
+            local = set(report["local"].split(","))
+            assert not local & set(own), f"the sandbox sees the host's addresses: {local & set(own)}"
+            assert int(report["netns"]) != os.stat("/proc/self/ns/net").st_ino, "the host's network namespace"
+            assert netdev and netdev in os.listdir("/sys/class/net")
+    assert netdev not in os.listdir("/sys/class/net"), f"{netdev} outlived its sandbox"
 
 
 # --------------------------------------------------------------------------- 5-8. resources

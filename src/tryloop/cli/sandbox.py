@@ -47,7 +47,7 @@ def doctor(
     table.add_column("check")
     table.add_column("status")
     table.add_column("detail")
-    results = checks(cfg.runtime, probe_build_network=True)
+    results = checks(cfg.runtime, probe_network=True)
     for c in results:
         status = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]absent[/]")
         detail = c.detail + (f" — {c.fix}" if not c.ok and c.fix else "")
@@ -201,7 +201,7 @@ def gc(config: ConfigOpt = None, store_dir: StoreDir = None) -> None:
         console.print(f"  {line}")
     console.print(f"gc: {report.records} record(s), {report.cgroups} cgroup(s), {report.processes} process(es), "
                   f"{report.tmp_dirs} temp dir(s), {report.id_ranges} id range(s), "
-                  f"{report.networks} build network item(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
+                  f"{report.networks} sandbox network item(s) reclaimed; {report.kept} live sandbox(es) of running owners kept")
 
 
 @app.command()

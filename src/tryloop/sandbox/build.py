@@ -141,19 +141,6 @@ def network_env() -> dict[str, str]:
     return env
 
 
-def network_layer(store) -> str:
-    """/etc/resolv.conf (the host's nameservers a build network reaches, buildnet.resolv_conf)
-    and the host's /etc/hosts, on top of a build sandbox's root only (never part of an
-    image), so networked steps resolve names as the host does."""
-    from tryloop.sandbox.buildnet import resolv_conf
-
-    files = {"etc/resolv.conf": resolv_conf()}
-    hosts = Path("/etc/hosts")
-    if hosts.is_file():
-        files["etc/hosts"] = hosts.read_bytes()
-    return store.add_files(files, uid=0, gid=0)
-
-
 def _describe(step: Step) -> str:
     if step.pip:
         return "pip " + " ".join(step.pip)
@@ -183,10 +170,10 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
         network = True
     else:
         cmd, network = step.run or "", step.network
-    cfg = SandboxConfig(network=network, network_nat=network, uid=spec.uid, gid=spec.gid,
+    cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
                         limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
     env = {"HOME": "/tmp", **(network_env() if network else {})}
-    snap = Snapshot(img.id, (network_layer(runtime.store),) if network else ())
+    snap = Snapshot(img.id, ())
     async with await runtime.create(snap, cfg) as sb:
         res = await sb.exec(cmd, cwd="/", env=env)
         if not res.ok:

@@ -1,44 +1,49 @@
-"""The network of image build steps: a namespace of its own, NAT'd out, kept from the host.
+"""The network of every sandbox with network: a namespace of its own, NAT'd out, kept from the host.
 
-A sandbox created with `SandboxConfig(network=True, network_nat=True)` (what every networked
-build step asks for) does not share the host's network namespace. Its init gets a namespace
-of its own, as every sandbox does, and the runtime then plumbs into it:
+A sandbox created with `SandboxConfig(network=True)` (an agent sandbox of a task with
+`network = true`, `tryloop sandbox run --network`, a networked image build step) never
+shares the host's network namespace. Its init gets a namespace of its own, as every
+sandbox does, and the runtime then plumbs into it, before any command runs:
 
 * a veth pair: `tlb<N>` on the host with `<pool + 4N + 1>/30`, `eth0` in the sandbox with
   `<pool + 4N + 2>/30` and a default route through the host's end; IPv6 is disabled on both
   ends. The index N is claimed by creating the interface (the kernel refuses a name that
   exists), so concurrent runtimes never share an address;
 * one nftables table, `inet tryloop_build`, that tryloop creates, owns and removes. It
-  matches interfaces by the `tlb*` prefix, so it is the same for every build and has no
-  per-build rule:
-  - anything a build sends to an address of the host itself (any interface: the veth's
+  matches interfaces by the `tlb*` prefix, so it is the same for every sandbox and has no
+  per-sandbox rule:
+  - anything a sandbox sends to an address of the host itself (any interface: the veth's
     gateway, eth0's address, a service bound to 0.0.0.0) is dropped on input;
-  - forwarded traffic from a build to link-local (169.254.0.0/16: cloud metadata),
-    loopback, 0.0.0.0/8, multicast and reserved addresses, or to another build's veth,
-    is dropped; IPv6 from a build is dropped;
+  - forwarded traffic from a sandbox to link-local (169.254.0.0/16: cloud metadata),
+    loopback, 0.0.0.0/8, multicast and reserved addresses, or to another sandbox's veth,
+    is dropped; IPv6 from a sandbox is dropped;
   - a source address that does not route back through the interface it came in on is
-    dropped (no spoofing), and nothing from outside opens a connection into a build;
-  - what is left is masqueraded out of the host's uplink: a build reaches what the host
+    dropped (no spoofing), and nothing from outside opens a connection into a sandbox;
+  - what is left is masqueraded out of the host's uplink: a sandbox reaches what the host
     reaches through its routes (package indexes, its upstream DNS), as the host's address.
 * forwarding. Where `net.ipv4.ip_forward` is already 1 nothing changes. Otherwise IPv4
-  forwarding is enabled per interface only: on each build veth and on the interfaces of the
+  forwarding is enabled per interface only: on each sandbox's veth and on the interfaces of the
   host's default routes (replies come in there), the uplinks' previous values recorded in
-  /run/tryloop-buildnet/state.json and restored when the last build network closes. While a
-  build with network runs, packets arriving on an uplink may be forwarded by the host (the
-  host-wide side effect; the table drops any that would open a connection into a build).
+  /run/tryloop-buildnet/state.json and restored when the last sandbox network closes. While a
+  sandbox with network runs, packets arriving on an uplink may be forwarded by the host (the
+  host-wide side effect; the table drops any that would open a connection into a sandbox).
 
-The last build network to close (no `tlb*` interface left) removes the table and restores
+The veth goes when its sandbox closes, whichever way it was made (pool, fork, reset keeps
+it: the namespace is the init's). The last sandbox network to close (no `tlb*` interface left) removes the table and restores
 forwarding, under a host-wide lock; a crashed owner's veth goes with its sandbox's namespace
 when `SandboxRuntime.gc` kills it, and the next runtime to start removes the rest.
 
 A host that cannot do this (no `ip`, `nft` or `nsenter`, no veth or nf_tables in the
-kernel, an address pool that overlaps a host route) fails the build step with a message
-naming what is missing: never a silent fallback to the host's network.
+kernel, an address pool that overlaps a host route) fails the sandbox's creation
+(SandboxNetworkError) with a message naming what is missing: never a silent fallback to the
+host's network.
 
-DNS: the step's /etc/resolv.conf keeps the host's nameservers that a build can reach (not
-loopback, link-local or an address of the host). A host whose only resolver is local
+DNS: the sandbox's /etc/resolv.conf (with an /etc/hosts of its own name and the host's
+entries, a layer on top of its root only, never part of a snapshot or image) keeps the
+host's nameservers that a sandbox can reach (not loopback, link-local or an address of the
+host). A host whose only resolver is local
 (systemd-resolved's 127.0.0.53) gets the upstream servers of
-/run/systemd/resolve/resolv.conf; if none is found, the step fails and says so.
+/run/systemd/resolve/resolv.conf; if none is found, the sandbox fails to start and says so.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from tryloop.errors import SandboxError
 
 TABLE = "tryloop_build"
 PREFIX = "tlb"
-#: The addresses build networks take, a /30 each; one pool per host.
+#: The addresses sandbox networks take, a /30 each; one pool per host.
 POOL = ipaddress.IPv4Network("10.213.0.0/16")
 STATE_DIR = Path("/run/tryloop-buildnet")
 TOOLS = ("ip", "nft", "nsenter")
@@ -94,8 +99,8 @@ table inet {table} {{
 """
 
 
-class BuildNetworkError(SandboxError):
-    """The host cannot give a build step its filtered network; the message names why."""
+class SandboxNetworkError(SandboxError):
+    """The host cannot give a sandbox its filtered network; the message names why."""
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,11 @@ def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProce
     return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
 
 
-def _fail(what: str, p: subprocess.CompletedProcess | None = None, detail: str = "") -> BuildNetworkError:
+def _fail(what: str, p: subprocess.CompletedProcess | None = None, detail: str = "") -> SandboxNetworkError:
     why = detail or ((p.stderr or p.stdout).strip() if p is not None else "")
-    return BuildNetworkError(f"the filtered build network cannot be set up: {what}: {why} "
-                             "(a build step with network never falls back to the host's network; "
-                             "see `tryloop sandbox doctor`, or build without network)")
+    return SandboxNetworkError(f"the filtered sandbox network cannot be set up: {what}: {why} "
+                               "(a sandbox with network never falls back to the host's network; "
+                               "see `tryloop sandbox doctor`, or run without network)")
 
 
 @contextlib.contextmanager
@@ -159,7 +164,7 @@ def uplinks() -> list[str]:
 
 
 def pool_collisions(pool: ipaddress.IPv4Network = POOL) -> list[str]:
-    """Host routes (other than the build networks' own) that overlap the pool."""
+    """Host routes (other than the sandbox networks' own) that overlap the pool."""
     return [f"{net} dev {dev}" for dev, net in _routes()
             if net.prefixlen > 0 and not dev.startswith(PREFIX) and net.overlaps(pool)]
 
@@ -195,7 +200,7 @@ def _enable_forwarding(dev: str, state: dict) -> None:
 
 
 def _release_host_state() -> list[str]:
-    """With the lock held and no build interface left: remove the table, restore forwarding."""
+    """With the lock held and no sandbox interface left: remove the table, restore forwarding."""
     done = []
     state = _read_state()
     if state.get("table") and shutil.which("nft"):
@@ -213,7 +218,7 @@ def _release_host_state() -> list[str]:
 
 def attach(init_pid: int, pool: ipaddress.IPv4Network = POOL) -> Attachment:
     """Give the network namespace of `init_pid` (a sandbox's init, with loopback only) its
-    filtered uplink. Raises BuildNetworkError naming what the host lacks; on failure
+    filtered uplink. Raises SandboxNetworkError naming what the host lacks; on failure
     nothing is left behind."""
     t0 = time.perf_counter()
     if os.geteuid() != 0:
@@ -276,7 +281,7 @@ def attach(init_pid: int, pool: ipaddress.IPv4Network = POOL) -> Attachment:
 
 
 def detach(dev: str) -> None:
-    """Remove a build network's veth pair; the last one out removes the table and restores
+    """Remove a sandbox network's veth pair; the last one out removes the table and restores
     forwarding."""
     if dev and shutil.which("ip"):
         _run(["ip", "link", "del", dev])  # both ends; "Cannot find device" once its namespace is gone
@@ -286,12 +291,12 @@ def detach(dev: str) -> None:
 
 
 def reclaim(devs: list[str] = ()) -> list[str]:
-    """After a crash: remove the named leftover interfaces, and the host state if no build
+    """After a crash: remove the named leftover interfaces, and the host state if no sandbox
     network is left. Returns what was done."""
     done = []
     for dev in devs:
         if dev in _devices() and shutil.which("ip") and _run(["ip", "link", "del", dev]).returncode == 0:
-            done.append(f"removed build veth {dev}")
+            done.append(f"removed sandbox veth {dev}")
     if not (STATE_DIR / "state.json").exists():
         return done
     with _locked():
@@ -304,7 +309,7 @@ RESOLV_SOURCES = ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf")
 
 
 def resolv_conf(sources: tuple[str, ...] = RESOLV_SOURCES) -> bytes:
-    """/etc/resolv.conf for a build step: the host's nameservers that a build can reach,
+    """/etc/resolv.conf for a sandbox with network: the host's nameservers that it can reach,
     from the first of `sources` that names one (systemd-resolved's upstream list when the
     host's own is its local stub)."""
     host = set()  # the host's own addresses
@@ -333,14 +338,25 @@ def resolv_conf(sources: tuple[str, ...] = RESOLV_SOURCES) -> bytes:
         if keep:
             rest = [x for x in lines if x.split()[:1] and x.split()[0] in ("search", "domain", "options")]
             return ("\n".join([*rest, *(f"nameserver {s}" for s in keep)]) + "\n").encode()
-    raise _fail("no nameserver a build can reach",
+    raise _fail("no nameserver a sandbox can reach",
                 detail="the host's resolvers (/etc/resolv.conf, /run/systemd/resolve/resolv.conf) are all local "
-                       "to the host (loopback, link-local or its own address), which a build network cannot "
+                       "to the host (loopback, link-local or its own address), which a sandbox network cannot "
                        "reach; name an upstream nameserver in /etc/resolv.conf")
 
 
+def etc_layer(store, hostname: str = "sandbox") -> str:
+    """The layer of /etc/resolv.conf (resolv_conf) and /etc/hosts (the sandbox's own name on
+    its loopback, then the host's entries) that the runtime mounts on top of a networked
+    sandbox's root, so that it resolves names as the host does; never part of a snapshot
+    or image."""
+    hosts = f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n".encode()
+    with contextlib.suppress(OSError):
+        hosts += Path("/etc/hosts").read_bytes()
+    return store.add_files({"etc/resolv.conf": resolv_conf(), "etc/hosts": hosts}, uid=0, gid=0)
+
+
 def support() -> tuple[bool, str]:
-    """Whether this host can give build steps their filtered network (for the doctor):
+    """Whether this host can give sandboxes their filtered network (for the doctor):
     tools, nf_tables, veth, a free address pool. Creates and removes a scratch table and
     veth pair."""
     if os.geteuid() != 0:
@@ -360,7 +376,7 @@ def support() -> tuple[bool, str]:
         return False, f"no veth pair: {(p.stderr or p.stdout).strip()}"
     _run(["ip", "link", "del", name])
     if not uplinks():
-        return False, "the host has no default route to NAT builds out through"
+        return False, "the host has no default route to NAT sandboxes out through"
     fwd = _sysctl("ipv4/ip_forward").read_text().strip() == "1"
     return True, (f"veth + nft table inet {TABLE}, pool {POOL}, uplink {', '.join(uplinks())}, "
-                  + ("ip_forward already 1" if fwd else "per-interface forwarding while a build runs"))
+                  + ("ip_forward already 1" if fwd else "per-interface forwarding while a sandbox with network runs"))

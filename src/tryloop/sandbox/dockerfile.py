@@ -46,8 +46,8 @@ from functools import partial
 from pathlib import Path
 
 from tryloop.config import SandboxConfig, SandboxLimits
-from tryloop.sandbox.build import network_env, network_layer
-from tryloop.sandbox.buildnet import BuildNetworkError
+from tryloop.sandbox.build import network_env
+from tryloop.sandbox.buildnet import SandboxNetworkError
 from tryloop.sandbox.images import Image, ImageError, find_in_layers, make_image, resolve_user
 from tryloop.sandbox.layers import Snapshot
 from tryloop.sandbox.oci import mountpoints_layer, unpack_layer
@@ -657,12 +657,8 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
     image = make_image(store, layers, sorted(env.items()), workdir=workdir, user=user,
                        meta={"kind": "build-step"}, save=False)
     runtime.register_image(image)
-    try:
-        net = network_layer(store) if opts.network else ""
-    except BuildNetworkError as e:
-        raise BuildError(f"{what}: {e}") from None
-    snap = Snapshot(image.id, (net,) if net else ())
-    cfg = SandboxConfig(network=opts.network, network_nat=opts.network, limits=SandboxLimits(
+    snap = Snapshot(image.id, ())
+    cfg = SandboxConfig(network=opts.network, limits=SandboxLimits(
         memory_mb=opts.memory_mb, disk_mb=opts.disk_mb, pids=opts.pids, exec_timeout_s=opts.timeout_s,
         file_size_mb=max(512, opts.disk_mb))).model_copy(update={"uid": uid, "gid": gid, "workdir": workdir})
     if uid == 0 and not runtime.user_namespaces:
@@ -672,7 +668,7 @@ async def run_build_step(runtime, layers: list[str], env: dict[str, str], cmd: l
     # Root holds the build capabilities of its own user namespace (see runtime.BUILD_CAPABILITIES).
     try:
         sb = await runtime.create(snap, cfg, root_capabilities=runtime.user_namespaces)
-    except BuildNetworkError as e:
+    except SandboxNetworkError as e:
         raise BuildError(f"{what}: {e}") from None
     async with sb:
         res = await sb.exec(cmd, cwd=workdir, on_output=on_output, merge_stderr=True)

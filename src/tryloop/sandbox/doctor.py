@@ -166,15 +166,17 @@ def user_namespace_check(config: RuntimeConfig) -> Check:
                  fix="" if ok else "without it the agent's uid is the host's uid of the same number")
 
 
-def build_network_check(probe: bool = False) -> Check:
-    """Whether networked image build steps can get their filtered network (buildnet.py).
-    Not required: without it a build step with network fails, naming what is missing, and
-    every other sandbox is unaffected. `probe` also creates and removes a scratch nft
+def network_check(probe: bool = False) -> Check:
+    """Whether sandboxes with network (agent sandboxes of tasks with network, networked image
+    build steps) can get their filtered network (buildnet.py). Not required: without it
+    creating a sandbox with network fails, naming what is missing, and every sandbox without
+    network is unaffected. `probe` also creates and removes a scratch nft
     table and veth pair (the doctor CLI); without it only tools, pool and uplink are looked at."""
     from tryloop.sandbox import buildnet
 
     fix = ("apt-get install iproute2 nftables util-linux, a kernel with veth and nf_tables, and a default "
-           "route; or build without network (images.build_network: false)")
+           "route; or run without network (sandbox.network: false, images.build_network: false, "
+           "tasks without network)")
     if probe:
         ok, detail = buildnet.support()
     elif missing := buildnet.missing_tools():
@@ -182,13 +184,13 @@ def build_network_check(probe: bool = False) -> Check:
     elif collisions := buildnet.pool_collisions():
         ok, detail = False, f"the address pool {buildnet.POOL} overlaps host routes: {'; '.join(collisions)}"
     elif not buildnet.uplinks():
-        ok, detail = False, "no default route to NAT builds out through"
+        ok, detail = False, "no default route to NAT sandboxes out through"
     else:
         ok, detail = True, f"ip, nft, nsenter; pool {buildnet.POOL}; uplink {', '.join(buildnet.uplinks())}"
-    return Check("build network (filtered netns)", ok, detail, required=False, fix=fix)
+    return Check("sandbox network (filtered netns)", ok, detail, required=False, fix=fix)
 
 
-def checks(config: RuntimeConfig | None = None, *, probe_build_network: bool = False) -> list[Check]:
+def checks(config: RuntimeConfig | None = None, *, probe_network: bool = False) -> list[Check]:
     from tryloop.config import RuntimeConfig
     from tryloop.sandbox.cgroups import CgroupHost
     from tryloop.sandbox.native import compiler
@@ -231,7 +233,7 @@ def checks(config: RuntimeConfig | None = None, *, probe_build_network: bool = F
     cc = compiler()
     out.append(Check("C compiler", cc is not None, cc or "none",
                      fix="apt-get install gcc libc6-dev (builds the sandbox init once)"))
-    out.append(build_network_check(probe_build_network))
+    out.append(network_check(probe_network))
     bw = shutil.which("bwrap")
     out.append(Check("bubblewrap (benchmark baseline only)", bw is not None, bw or "not installed",
                      required=False, fix="apt-get install bubblewrap"))

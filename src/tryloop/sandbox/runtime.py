@@ -217,15 +217,21 @@ class SandboxRuntime:
         build variant of the seccomp filter (seccomp.build_filter(build=True)); refused
         without a user namespace.
 
-        `config.network` with `config.network_nat`: the sandbox's own network namespace gets
-        the filtered uplink of buildnet.py before any command runs; a host that cannot give
-        it fails the start (buildnet.BuildNetworkError), never falls back to the host's network.
+        Every sandbox has a network namespace of its own, never the host's. With
+        `config.network` it gets the filtered uplink of buildnet.py before any command runs,
+        and the host's reachable nameservers and /etc/hosts on top of its root (a layer
+        mounted there only, never part of a snapshot); a host that cannot give it fails
+        the start (buildnet.SandboxNetworkError), never falls back to the host's network.
+        The veth goes when the sandbox closes.
         """
         cfg = config or SandboxConfig()
-        sb = await self._create(snapshot, cfg, timeout, root_capabilities)
-        if cfg.network and cfg.network_nat:
+        net_layer = ""
+        if cfg.network:
             from tryloop.sandbox import buildnet
 
+            net_layer = buildnet.etc_layer(self.store, cfg.hostname)
+        sb = await self._create(snapshot, cfg, timeout, root_capabilities, net_layer)
+        if cfg.network:
             try:
                 sb.netdev = buildnet.attach(sb.init_pid).dev
                 self._note_netdev(sb.id, sb.netdev)
@@ -235,7 +241,7 @@ class SandboxRuntime:
         return sb
 
     async def _create(self, snapshot: Snapshot | None, cfg: SandboxConfig, timeout: float,
-                      root_capabilities: bool) -> Sandbox:
+                      root_capabilities: bool, net_layer: str = "") -> Sandbox:
         if root_capabilities and self.id_ranges is None:
             raise SandboxError("capabilities for root are given only inside a user namespace of the sandbox's "
                                f"own, which this runtime does not give ({self.user_namespaces_detail})")
@@ -248,7 +254,8 @@ class SandboxRuntime:
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
         cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
-        lowers = [str(self.store.path(d)) for d in (*snap.layers, *image.layers)]
+        top = (net_layer,) if net_layer else ()
+        lowers = [str(self.store.path(d)) for d in (*top, *snap.layers, *image.layers)]
         sid = secrets.token_hex(6)
         lim = cfg.limits
         id_base = self.id_ranges.claim(sid) if self.id_ranges is not None else 0
@@ -266,7 +273,7 @@ class SandboxRuntime:
                 cpu_quota_us=int(lim.cpus * 100_000), cpu_weight=lim.cpu_weight))
             items = [("mnt", str(self.mnt_dir)), ("hostname", cfg.hostname),
                      ("seccomp", str(self._seccomp_file(cfg.seccomp_extra_deny, build=root_capabilities))),
-                     ("net", "1" if cfg.network and not cfg.network_nat else "0"), ("quota", str(lim.disk_mb << 20)),
+                     ("quota", str(lim.disk_mb << 20)),
                      ("shm", str(lim.dev_shm_mb << 20)),
                      ("lifetime_ms", str(int(lim.lifetime_s * 1000)) if lim.lifetime_s else "0")]
             if id_base:
@@ -334,7 +341,7 @@ class SandboxRuntime:
                 try:
                     buildnet.detach(sb.netdev)
                 except Exception as e:  # the next runtime's gc retries
-                    log.warning("sandbox %s: removing its build network %s: %s", sb.id, sb.netdev, e)
+                    log.warning("sandbox %s: removing its network %s: %s", sb.id, sb.netdev, e)
             sb.cgroup.remove()
         finally:
             self._remove_record(sb.id)
@@ -359,7 +366,7 @@ class SandboxRuntime:
             os.close(fd)
 
     def _note_netdev(self, sid: str, dev: str) -> None:
-        """Add a sandbox's build veth to its record, for gc after a crash."""
+        """Add a sandbox's veth to its record, for gc after a crash."""
         path = self.records_dir / f"{sid}.json"
         rec = json.loads(path.read_text())
         rec["netdev"] = dev
@@ -423,8 +430,8 @@ class SandboxRuntime:
                 report.details.append(f"removed empty orphan cgroup {name}")
         from tryloop.sandbox import buildnet
 
-        # After the cgroups: the dead owners' build veths (gone with their namespaces, or
-        # removed here), then the nft table and forwarding if no build network is left.
+        # After the cgroups: the dead owners' veths (gone with their namespaces, or removed
+        # here), then the nft table and forwarding if no sandbox network is left.
         for line in buildnet.reclaim(netdevs):
             report.networks += 1
             report.details.append(line)

@@ -71,7 +71,7 @@ class Sandbox:
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
         self._running: dict[int, asyncio.Future] = {}
         self.init_pid = 0
-        self.netdev = ""  # the host's end of a build network (buildnet.py), "" for none
+        self.netdev = ""  # the host's end of its network's veth (buildnet.py), "" for none
         self._pidfd = -1
         self._closed = False
         self._dead_reason: str | None = None

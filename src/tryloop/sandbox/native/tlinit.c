@@ -8,8 +8,8 @@
  *                  struct req + payload (EXEC carries 0-3 fds via SCM_RIGHTS)
  *   init -> host   struct rsp (fixed size)
  *
- * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup
- * (and net unless the sandbox shares the host network), clones the init as a
+ * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup/net
+ * (never the host's network), clones the init as a
  * sibling (CLONE_PARENT: a child of the host), reports its host pid and exits.
  * Given `idbase`, the init also gets a user namespace of its own, its ids 0..65535
  * mapped to the host's idbase.. (see launch_in_user_namespace). The child is pid 1 of the new pid namespace: it
@@ -114,7 +114,6 @@ static struct {
     int ncg;
     char *hostname;
     char *seccomp_path;
-    int net;                    /* 1: share host network */
     uint64_t idbase;            /* >0: a user namespace mapping ids 0..65535 to idbase.. */
     uint64_t rootcaps;          /* build sandboxes: what uid-0 commands hold in that namespace */
     int lower_fd[MAXLAYERS], bind_fd[MAXBINDS]; /* mounts made by the launcher (layers idmapped) */
@@ -185,7 +184,6 @@ static void parse_config(char *buf, size_t len) {
         else if (!strcmp(k, "cg") && cfg.ncg < 16) cfg.cg[cfg.ncg++] = v;
         else if (!strcmp(k, "hostname")) cfg.hostname = v;
         else if (!strcmp(k, "seccomp")) cfg.seccomp_path = v;
-        else if (!strcmp(k, "net")) cfg.net = atoi(v);
         else if (!strcmp(k, "idbase")) cfg.idbase = strtoull(v, NULL, 10);
         else if (!strcmp(k, "rootcaps")) cfg.rootcaps = strtoull(v, NULL, 10);
         else if (!strcmp(k, "quota")) cfg.quota = strtoull(v, NULL, 10);
@@ -1143,8 +1141,9 @@ int main(int argc, char **argv) {
         nofile.rlim_max = nr_open;
         (void)setrlimit(RLIMIT_NOFILE, &nofile);
     }
-    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
-    if (!cfg.net) flags |= CLONE_NEWNET;
+    /* Every sandbox has a network namespace of its own, never the host's: one with
+     * network gets its filtered uplink from the runtime (buildnet.py) once it has started. */
+    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNET;
     /* CLONE_PARENT: the init becomes a child of the host process (not of this
      * launcher, which exits now), so the host reaps it through its pidfd. */
     pid_t pid;
@@ -1166,7 +1165,7 @@ int main(int argc, char **argv) {
     write_file("/proc/self/oom_score_adj", "-1000");
     setup_root();
     if (cfg.hostname && sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) fatal(S_MOUNT);
-    if (!cfg.net) loopback_up();
+    loopback_up();
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     int devnull = open("/root/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull >= 0) {
