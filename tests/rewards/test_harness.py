@@ -110,7 +110,7 @@ async def test_the_key_is_not_in_the_test_process(runtime, fixture_task):
 
 
 async def test_writing_to_the_record_channel_is_caught(runtime, fixture_task):
-    garbage = "import os as _os, sys as _sys\n_os.write(int(_sys.argv[1]), b'finish\\tnot a number\\n')\n"
+    garbage = "import os as _os, sys as _sys\n_os.write(int(_sys.argv[1].split(':')[0]), b'finish\\tnot a number\\n')\n"
     v = await verify(runtime, fixture_task, _with(fixture_task, suffix=garbage))
     assert v.state == "fail" and "tampered" in v.reason
     assert any(f.kind == h.CHANNEL_BROKEN for f in v.flags)
@@ -118,7 +118,7 @@ async def test_writing_to_the_record_channel_is_caught(runtime, fixture_task):
 
 async def test_replacing_the_record_channel_ends_the_run_and_is_caught(runtime, fixture_task):
     closer = ("import os as _os, sys as _sys\n_null = _os.open(_os.devnull, _os.O_WRONLY)\n"
-              "_os.dup2(_null, int(_sys.argv[1]))\n")
+              "_os.dup2(_null, int(_sys.argv[1].split(':')[0]))\n")
     v = await verify(runtime, fixture_task, _with(fixture_task, suffix=closer))
     assert v.state == "fail" and v.reward == 0.0 and "tampered" in v.reason
     assert v.meta["test_status"] == h.CHANNEL_EXIT

@@ -36,7 +36,7 @@ def test_the_registries_agree():
     assert {r.EXPECTED_FLAGS[a] for a in r.CAUGHT_BY_DECOYS} == {frozenset({EXPECTED_READ})}
     assert r.EXPECTED_FLAGS["do_nothing"] == frozenset()
     for name, kinds in r.EXPECTED_FLAGS.items():
-        assert kinds <= set(d.DETECTORS) | set(h.EVIDENCE_KINDS) | {EXPECTED_READ}, name
+        assert kinds <= set(d.DETECTORS) | set(h.EVIDENCE_KINDS) | {EXPECTED_READ, h.CHANNEL_BROKEN}, name
         assert kinds or name in {"do_nothing", *r.PREVENTED}, name
     with pytest.raises(KeyError, match="unknown attack"):
         r.run("no_such_attack", None)  # type: ignore[arg-type]

@@ -148,20 +148,37 @@ FIELDS = {"session": (), "test": ("id", "outcome"), "finish": ("exitstatus", "co
           "evidence": ("evidence", "event", "file", "line", "detail", "severity")}
 r, w = os.pipe()
 env = {k: v for k, v in os.environ.items() if not k.startswith("TRYLOOP_")}
+session_key = b""
+fds = (w,)
 if mode == "pytest":  # the test process directly
+    # A key of the session's own on a pipe the test process reads (and closes) before any code
+    # under test exists: a line without its MAC was not written by the harness's writer, even
+    # though anything in the test process can reach the record pipe's descriptor.
+    session_key = os.urandom(32)
+    kr, kw = os.pipe()
+    os.write(kw, session_key.hex().encode())
+    os.close(kw)
+    fds = (w, kr)
     argv = [sys.executable, "-P", "-B", "--check-hash-based-pycs", "always", os.path.join(slot, "test_process.py"),
-            str(w), os.path.join(slot, "manifest.json"), *args]
+            "%d:%d" % (w, kr), os.path.join(slot, "manifest.json"), *args]
 else:  # a shell command: its `pytest` and `python3 -m pytest` are the test process (shims in bin/)
     env.update(PATH=os.path.join(slot, "bin") + ":" + env.get("PATH", ""), TRYLOOP_RECORD_FD=str(w),
                TRYLOOP_SLOT=slot)
     argv = ["/bin/bash", "-c", args[0]]
-child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(w,), env=env)
-os.close(w)
+child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=fds, env=env)
+for fd in fds:
+    os.close(fd)
 emit("start", dumpable=dumpable)
 open_session = False
 with os.fdopen(r, "rb") as stream:
     for raw in stream:
-        parts = raw.decode("utf-8", "replace").rstrip("\n").split("\t")
+        line = raw.rstrip(b"\n")
+        if session_key:
+            mac, _, line = line.partition(b"\t")
+            if not hmac.compare_digest(mac, hmac.new(session_key, line, hashlib.sha256).hexdigest().encode()):
+                emit("broken", detail="not written by the harness: " + raw[:200].decode("utf-8", "replace"))
+                continue
+        parts = line.decode("utf-8", "replace").split("\t")
         names = FIELDS.get(parts[0])
         # Records belong to a session: between a test process's `session` and its `finish`.
         if names is None or len(parts) != len(names) + 1 or (parts[0] == "session") == open_session:
@@ -180,12 +197,20 @@ TEST_PROCESS = r'''
 import sys
 
 
-def _install(fd, manifest, outcome_of):
+def _install(fd, key_fd, manifest, outcome_of):
     # Everything the hook uses is bound here, before any code under test exists: replacing a
     # module attribute later (os.write, json.dumps, ...) changes nothing the hook calls.
     import os, _thread, sysconfig
+    from _hashlib import hmac_digest
     from importlib.util import find_spec
     write, fstat, stat, exit_ = os.write, os.fstat, os.stat, os._exit
+    # The session's key (a direct test process's; a shell command's have none): read and its
+    # pipe closed now, kept only here, so that the supervisor can tell this writer's lines
+    # from anything else written to the record pipe.
+    key = b""
+    if key_fd >= 0:
+        key = bytes.fromhex(os.read(key_fd, 128).decode())
+        os.close(key_fd)
     getframe, get_ident, isinstance_, str_, int_, tuple_, bytes_ = (
         sys._getframe, _thread.get_ident, isinstance, str, int, tuple, bytes)
     os.set_inheritable(fd, False)
@@ -216,12 +241,14 @@ def _install(fd, manifest, outcome_of):
         return str_(s).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
     def send(*fields):
-        line = "\t".join([esc(f) for f in fields]) + "\n"
+        line = "\t".join([esc(f) for f in fields]).encode("utf-8", "replace")
+        if key:
+            line = hmac_digest(key, line, "sha256").hex().encode() + b"\t" + line
         try:
             now = fstat(fd)
             if (now.st_dev, now.st_ino) != pipe_id:
                 raise OSError("record channel replaced")
-            write(fd, line.encode("utf-8", "replace"))
+            write(fd, line + b"\n")
         except OSError:
             exit_(CHANNEL_EXIT)  # the channel was closed or replaced: end here, with no finish record
 
@@ -794,10 +821,11 @@ CHANNEL_EXIT = @CHANNEL_EXIT@
 
 def _main():
     import json, os
-    fd, manifest_path, *args = sys.argv[1:]
+    fds, manifest_path, *args = sys.argv[1:]
+    fd, _, key_fd = fds.partition(":")
     with open(manifest_path) as f:
         manifest = json.load(f)
-    _install(int(fd), manifest, _outcome)
+    _install(int(fd), int(key_fd) if key_fd else -1, manifest, _outcome)
     import pytest
 
     # The seal: the harness's plugin and every module of pytest and pluggy as they are now, before
