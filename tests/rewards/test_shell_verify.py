@@ -83,3 +83,62 @@ async def test_an_imported_harbor_task_passes_the_quality_gate(runtime, harbor_t
     assert res.accepted, res
     assert res.fail_to_pass == [".harbor-tests/check_outputs.py::test_edges",
                                 ".harbor-tests/check_outputs.py::test_examples_file"]
+
+
+async def test_records_written_past_the_harness_are_refused_in_a_shell_command(runtime, harbor_task):
+    # Well-formed records for every test, then the session's end, written by the code under test
+    # straight to the record pipe of its test process, which then exits. Without the session
+    # key's MAC they are not the harness's.
+    forger = '''"""Small text helpers."""
+import os
+import sys
+
+_ids = [".harbor-tests/check_outputs.py::test_examples_file", ".harbor-tests/check_outputs.py::test_edges"]
+_lines = "".join("test\\t%s\\tpassed\\n" % i for i in _ids) + "finish\\t0\\t2\\n"
+os.write(int(sys.argv[1].split(":")[0]), _lines.encode())
+os._exit(0)
+
+
+def slugify(text: str) -> str:
+    return text
+'''
+    v = await verify(runtime, harbor_task, Submission.from_files({"textutil.py": forger}))
+    assert v.state == "fail" and v.reward == 0.0, v.reason
+    assert "channel_broken" in {f.kind for f in v.flags}, v.flags
+    assert not any(o == "passed" for o in v.outcomes.values()), v.outcomes
+
+
+async def test_no_process_of_a_shell_command_holds_the_record_pipe(runtime, harbor_task):
+    # The command's processes (bash, the shims, anything they start) have no record pipe: the
+    # test process is the supervisor's child. The code under test looks for other holders of
+    # its own record pipe among the sandbox's processes, and answers right only if none.
+    probe = '''"""Small text helpers."""
+import os
+import re
+import sys
+
+_pipe = os.readlink("/proc/self/fd/%d" % int(sys.argv[1].split(":")[0]))
+_holders = []
+for _pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        _cmd = open("/proc/%s/cmdline" % _pid, "rb").read()
+        _fds = os.listdir("/proc/%s/fd" % _pid)
+    except OSError:  # gone, or not readable (the supervisor is not dumpable)
+        continue
+    if int(_pid) == os.getpid() or b"supervisor.py" in _cmd:
+        continue
+    for _fd in _fds:
+        try:
+            if os.readlink("/proc/%s/fd/%s" % (_pid, _fd)) == _pipe:
+                _holders.append(_cmd[:80])
+        except OSError:
+            pass
+
+
+def slugify(text: str) -> str:
+    if _holders:
+        raise AssertionError("the record pipe is held by %r" % _holders)
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+'''
+    v = await verify(runtime, harbor_task, Submission.from_files({"textutil.py": probe}))
+    assert v.state == "pass", (v.reason, v.flags)

@@ -148,36 +148,114 @@ FIELDS = {"session": (), "test": ("id", "outcome"), "finish": ("exitstatus", "co
           "evidence": ("evidence", "event", "file", "line", "detail", "severity")}
 r, w = os.pipe()
 env = {k: v for k, v in os.environ.items() if not k.startswith("TRYLOOP_")}
-session_key = b""
-fds = (w,)
-if mode == "pytest":  # the test process directly
-    # A key of the session's own on a pipe the test process reads (and closes) before any code
-    # under test exists: a line without its MAC was not written by the harness's writer, even
-    # though anything in the test process can reach the record pipe's descriptor.
-    session_key = os.urandom(32)
+keys = []  # one per test process, newest first
+TEST_PROCESS_ARGV = [sys.executable, "-P", "-B", "--check-hash-based-pycs", "always",
+                     os.path.join(slot, "test_process.py")]
+
+
+def start_session(pytest_args, session_env, **popen):
+    """A test process of the supervisor's own, with a key of its own on a pipe it reads (and
+    closes) before any code under test exists: a line without that key's MAC was not written
+    by the harness's writer, though anything in the test process can reach the record pipe."""
+    key_ = os.urandom(32)
     kr, kw = os.pipe()
-    os.write(kw, session_key.hex().encode())
+    os.write(kw, key_.hex().encode())
     os.close(kw)
-    fds = (w, kr)
-    argv = [sys.executable, "-P", "-B", "--check-hash-based-pycs", "always", os.path.join(slot, "test_process.py"),
-            "%d:%d" % (w, kr), os.path.join(slot, "manifest.json"), *args]
-else:  # a shell command: its `pytest` and `python3 -m pytest` are the test process (shims in bin/)
-    env.update(PATH=os.path.join(slot, "bin") + ":" + env.get("PATH", ""), TRYLOOP_RECORD_FD=str(w),
-               TRYLOOP_SLOT=slot)
-    argv = ["/bin/bash", "-c", args[0]]
-child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=fds, env=env)
-for fd in fds:
-    os.close(fd)
+    keys.insert(0, key_)
+    try:
+        return subprocess.Popen([*TEST_PROCESS_ARGV, "%d:%d" % (w, kr), os.path.join(slot, "manifest.json"),
+                                 *pytest_args], pass_fds=(w, kr), env=session_env, **popen)
+    finally:
+        os.close(kr)
+
+
+def serve_sessions(server, sessions):
+    """A shell command's `pytest` (the shims in bin/) asks here for a session: its arguments,
+    working directory and environment, and its stdin/stdout/stderr as descriptors. The test
+    process is this supervisor's child; no process of the command ever holds the record pipe."""
+    import socket, threading
+
+    def one(conn):
+        fds = []
+        with conn:
+            try:
+                head, fds, _, _ = socket.recv_fds(conn, 32, 3)
+                size = int(head.split(b"\n", 1)[0])
+                body = head.split(b"\n", 1)[1]
+                while len(body) < size:
+                    chunk = conn.recv(size - len(body))
+                    if not chunk:
+                        raise EOFError("request cut short")
+                    body += chunk
+                req = json.loads(body)
+                session_env = {k: str(v) for k, v in dict(req["env"]).items() if not str(k).startswith("TRYLOOP_")}
+                std = (fds + [-1, -1, -1])[:3]
+                child_ = start_session([str(a) for a in req["args"]], session_env, cwd=str(req["cwd"]),
+                                       stdin=std[0] if std[0] >= 0 else subprocess.DEVNULL,
+                                       stdout=std[1] if std[1] >= 0 else None,
+                                       stderr=std[2] if std[2] >= 0 else None)
+            except Exception as e:  # a malformed request starts nothing
+                conn.sendall(json.dumps({"status": 2, "error": str(e)[:200]}).encode() + b"\n")
+                return
+            finally:  # the test process has its own copies
+                for fd in fds:
+                    os.close(fd)
+            code = child_.wait()
+            conn.sendall(json.dumps({"status": code if code >= 0 else 128 - code}).encode() + b"\n")
+
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:  # closed: the command has ended
+            return
+        t = threading.Thread(target=one, args=(conn,), daemon=True)
+        sessions.append(t)
+        t.start()
+
+
+server = None
+if mode == "pytest":  # the test process directly
+    child = start_session(args, env, stdin=subprocess.DEVNULL)
+else:  # a shell command: its `pytest` and `python3 -m pytest` ask this supervisor for a session
+    import socket, threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(os.path.join(slot, "sessions.sock"))
+    server.listen(8)
+    sessions = []
+    threading.Thread(target=serve_sessions, args=(server, sessions), daemon=True).start()
+    env.update(PATH=os.path.join(slot, "bin") + ":" + env.get("PATH", ""), TRYLOOP_SLOT=slot)
+    child = subprocess.Popen(["/bin/bash", "-c", args[0]], stdin=subprocess.DEVNULL, env=env)
+
+    def close_when_done():
+        # The command has ended and so have its sessions: nothing will ask again, and the
+        # supervisor's own copy of the pipe goes, so the reader below sees its end.
+        child.wait()
+        server.close()
+        for t in list(sessions):
+            t.join()
+        os.close(w)
+    threading.Thread(target=close_when_done, daemon=True).start()
+if server is None:
+    os.close(w)
 emit("start", dumpable=dumpable)
 open_session = False
+
+
+def authentic(line):
+    mac, _, body = line.partition(b"\t")
+    for k in list(keys):
+        if hmac.compare_digest(mac, hmac.new(k, body, hashlib.sha256).hexdigest().encode()):
+            return body
+    return None
+
+
 with os.fdopen(r, "rb") as stream:
     for raw in stream:
-        line = raw.rstrip(b"\n")
-        if session_key:
-            mac, _, line = line.partition(b"\t")
-            if not hmac.compare_digest(mac, hmac.new(session_key, line, hashlib.sha256).hexdigest().encode()):
-                emit("broken", detail="not written by the harness: " + raw[:200].decode("utf-8", "replace"))
-                continue
+        line = authentic(raw.rstrip(b"\n"))
+        if line is None:
+            emit("broken", detail="not written by the harness: " + raw[:200].decode("utf-8", "replace"))
+            continue
         parts = line.decode("utf-8", "replace").split("\t")
         names = FIELDS.get(parts[0])
         # Records belong to a session: between a test process's `session` and its `finish`.
@@ -933,10 +1011,25 @@ def shell_command(python: str, slot: str, test_command: str) -> str:
 
 
 _SHIM = """#!/bin/bash
-# tryloop verifier: {what} runs as the harness's test process (records to the supervisor).
-{guard}exec {python} -P -B --check-hash-based-pycs always "$TRYLOOP_SLOT/test_process.py" \\
-    "$TRYLOOP_RECORD_FD" "$TRYLOOP_SLOT/manifest.json" -p no:cacheprovider "$@"
+# tryloop verifier: {what} is a test process of the harness, started by the supervisor.
+{guard}exec {python} -P -B -s -I "$TRYLOOP_SLOT/shim.py" "$TRYLOOP_SLOT" -p no:cacheprovider "$@"
 """
+
+# The shims' client: asks the supervisor for a session over its socket, handing it this
+# process's arguments, working directory, environment and standard streams; exits with the
+# test process's status.
+SHIM_CLIENT = r'''
+import json, os, socket, sys
+
+slot, *args = sys.argv[1:]
+body = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.path.join(slot, "sessions.sock"))
+socket.send_fds(s, [b"%d\n" % len(body)], [0, 1, 2])
+s.sendall(body)
+reply = s.makefile("rb").readline()
+sys.exit(int(json.loads(reply).get("status", 1)) if reply else 1)
+'''
 
 
 def slot_files(root: str, agent_files: list[str], hidden_files: list[str], python: str | None = None
@@ -946,6 +1039,7 @@ def slot_files(root: str, agent_files: list[str], hidden_files: list[str], pytho
     manifest = {"root": root, "agent_files": sorted(agent_files), "hidden_files": sorted(hidden_files)}
     files = {"supervisor.py": SUPERVISOR, "test_process.py": TEST_PROCESS, "manifest.json": json.dumps(manifest)}
     if python:
+        files["shim.py"] = SHIM_CLIENT
         q = shlex.quote(python)
         files["bin/pytest"] = _SHIM.format(what="pytest", guard="", python=q)
         guard = (f'if [ "$1" != "-m" ] || [ "$2" != "pytest" ]; then exec {q} "$@"; fi\nshift 2\n')
