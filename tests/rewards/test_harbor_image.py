@@ -55,8 +55,8 @@ async def test_a_harbor_task_runs_and_is_judged_on_its_own_image(runtime, tmp_pa
     assert runtime.image(snap.image).meta["base"] == iid
     async with await runtime.create(snap) as sb:  # the agent's view: the workspace on the image
         res = await sb.exec("command -v tree; command -v gcc || echo no-gcc; ls; id -u; stat -c %u report.py cache")
-        assert res.text().split() == ["/usr/bin/tree", "no-gcc", "cache", "report.py", "1000", "1000", "0"], \
-            res.text()  # the workspace is the agent's; what RUN made in it is root's
+        assert res.text().split() == ["/usr/bin/tree", "no-gcc", "cache", "report.py", "1000", "1000", "1000"], \
+            res.text()  # the workspace is the agent's, and so is what RUN made in it
 
     fixed = await verify(runtime, task, Submission.from_files({"report.py": FIX}))
     assert fixed.state == "pass", fixed.reason

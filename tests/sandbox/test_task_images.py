@@ -56,7 +56,7 @@ def _python_libs() -> list[str]:
 async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_path):
     """No network: the base is an image archive (the host's bash, a few tools and the C
     libraries the host's Python needs), a RUN step installs the tool the tests call."""
-    entries = base_entries(tools=("bash", "cat", "ls", "mkdir", "rm", "chmod", "sed", "id"))
+    entries = base_entries(tools=("bash", "cat", "ls", "mkdir", "rm", "chmod", "chown", "sed", "id", "stat", "touch"))
     have = {e[0] for e in entries}
     for lib in _python_libs():
         rel = lib.lstrip("/")
@@ -77,7 +77,8 @@ async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_pat
     shutil.copytree(HARBOR, src)
     (src / "environment/Dockerfile").write_text(
         "FROM harbor-fast-base:1\nWORKDIR /app\nCOPY report.py /app/report.py\n"
-        "RUN printf '#!/bin/sh\\necho \"hello, $1\"\\n' > /bin/imgtool && chmod 755 /bin/imgtool\n")
+        "RUN printf '#!/bin/sh\\necho \"hello, $1\"\\n' > /bin/imgtool && chmod 755 /bin/imgtool\n"
+        "RUN mkdir -p /app/out && echo seed > /app/out/seed.txt\n")
     (src / "environment/report.py").write_text(FAST_FIX.replace(".strip()", "[:5]"))  # the bug
     (src / "tests/test_report.py").write_text(
         "import shutil\nfrom report import greet\n\n\ndef test_the_tool_is_the_images():\n"
@@ -100,6 +101,9 @@ async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_pat
         res = await sb.exec(["/bin/sh", "-c", "ls /; id -u; ls /usr/bin/gcc || echo no-gcc"])
         words = res.text().split()
         assert {"workspace", "1000", "no-gcc"} <= set(words) and "home" not in words, res.text()
+        # What RUN made in the working directory is the agent's, as it is root's (Harbor's agent) in Docker.
+        res = await sb.exec(["/bin/sh", "-c", "stat -c %u out out/seed.txt && touch out/new && echo wrote"])
+        assert res.text().split() == ["1000", "1000", "wrote"], res.text()
 
 
 def test_which_bases_the_host_can_make(monkeypatch):
