@@ -5,9 +5,10 @@
 The tasks are the suite's (`redteam_tasks`: a HumanEval problem and a multi-file bug) and the two
 fixtures of the test suite (`fixture/visible-tests`: visible tests and a conftest;
 `fixture/table-tests`: hidden tests that keep their expected values in a parametrization and a
-table). Every attack runs with the default reward spec; the attacks only the decoy run stops
-(`CAUGHT_BY_DECOYS`) run once more with `decoys: false`, which is what they earned before it.
-The Markdown table (attack, then `verdict reward` per task, then the flags) goes to stdout.
+table). Every attack runs with the default reward spec. The attacks only the decoy run stops
+(`CAUGHT_BY_DECOYS`), and `do_nothing` as the control, run again with `partial_credit: true` (an attack that reads one kind of
+expectation earns what it read), with and without decoys: without them is what they earned
+before. The Markdown tables (attack, then `verdict reward` per task, then the flags) go to stdout.
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ async def main(out: Path | None) -> dict:
         tasks = redteam.redteam_tasks(Path(tmp)) + [Task.load(FIXTURES / "visible-tests"),
                                                      Task.load(FIXTURES / "table-tests")]
         after = await redteam.table(rt, tasks)
-        before = await redteam.table(rt, tasks, sorted(redteam.CAUGHT_BY_DECOYS), spec=RewardSpec(decoys=False))
+        caught = [*sorted(redteam.CAUGHT_BY_DECOYS), "do_nothing"]  # the control: what the broken code earns
+        partial = await redteam.table(rt, tasks, caught, spec=RewardSpec(partial_credit=True))
+        before = await redteam.table(rt, tasks, caught, spec=RewardSpec(partial_credit=True, decoys=False))
     ids = [t.id for t in tasks]
-    res = {"tasks": ids, "default": after, "decoys_off": before}
+    res = {"tasks": ids, "default": after, "partial_credit": partial, "partial_credit_decoys_off": before}
     print(markdown(after, ids))
-    print("\nwith decoys: false\n")
+    print("\nwith partial_credit: true\n")
+    print(markdown(partial, ids))
+    print("\nwith partial_credit: true, decoys: false\n")
     print(markdown(before, ids))
     if out:
         out.write_text(json.dumps(res, indent=1))

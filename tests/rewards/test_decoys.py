@@ -145,6 +145,12 @@ def test_not_equal():
         assert kept in new, kept
 
 
+def test_a_test_defined_again_is_judged_by_its_last_definition():
+    source = ("from m import f\n\n\ndef test_a():\n    assert f() == 1\n\n\ndef test_a():\n    assert f()\n\n\n"
+              "def test_b():\n    assert f() == 2\n\n\ntest_b = None\n")
+    assert _decoy(source) is None  # pytest runs the second test_a, and no test_b at all
+
+
 def test_node_ids_match_armed_tests_whatever_the_rootdir_and_parameters():
     d = _decoy("from m import f\n\n\ndef test_a():\n    assert f() == 1\n\n\ndef test_b():\n    assert f()\n",
                path="pkg/tests/test_m.py")

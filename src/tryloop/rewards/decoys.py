@@ -333,14 +333,24 @@ class _Analysis:
 
 
 def _tests(tree: ast.Module) -> Iterator[tuple[str, Fn]]:
-    """The module's test functions and test methods, by pytest's default names."""
+    """The module's test functions and test methods, by pytest's default names; of a name
+    defined twice, the last definition (the one pytest collects)."""
+    found: dict[str, Fn] = {}
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_test_name(stmt.name):
-            yield stmt.name, stmt
+            found[stmt.name] = stmt
         elif isinstance(stmt, ast.ClassDef) and (stmt.name.startswith("Test") or _is_testcase(stmt)):
             for item in stmt.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_test_name(item.name):
-                    yield f"{stmt.name}::{item.name}", item
+                    found[f"{stmt.name}::{item.name}"] = item
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.ClassDef)):
+            # a name rebound after its test function (`test_x = other`) is not that function
+            bound = [t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)]) if isinstance(t, ast.Name)]
+            bound += [a.asname or a.name for a in getattr(stmt, "names", [])]
+            bound += [stmt.name] if isinstance(stmt, ast.ClassDef) else []
+            for name in bound:
+                found.pop(name, None)
+    yield from found.items()
 
 
 def _is_test_name(name: str) -> bool:
