@@ -11,7 +11,9 @@ REQ = struct.Struct("=8I4Q")  # op id flags timeout_ms nargs nenv uid gid | nofi
 RSP = struct.Struct("=2I2i2I6Q")  # op id status err stage flags | pid wall utime stime maxrss extra
 
 OP_EXEC, OP_KILL, OP_RESET, OP_PING = 1, 2, 3, 4
-R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED = range(1, 10)
+R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED, R_ZYGOTE = range(1, 11)
+# R_ZYGOTE carries (SCM_RIGHTS) the host's end of a new zygote's socket: exec requests go
+# there directly, one hop shorter than through the init; the init still reaps and reports.
 
 F_STDIN, F_STDOUT, F_STDERR, F_MERGE, F_QUIET = 1, 2, 4, 8, 16  # F_QUIET: no start report
 X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tryloop.sandbox.cgroups import SandboxCgroup
 
 Command = str | Sequence[str]
+_ANC_SIZE = socket.CMSG_SPACE(4 * 3)
 
 
 class SandboxOwner(Protocol):
@@ -66,6 +67,8 @@ class Sandbox:
         self._base_env = env
         self.cgroup = cgroup
         self._sock = sock
+        # The host's end of the zygote's socket (R_ZYGOTE): exec requests skip the init.
+        self._zsock: socket.socket | None = None
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
@@ -171,6 +174,7 @@ class Sandbox:
             self._loop.remove_reader(self._pidfd)
 
     def _detach(self, reason: str) -> None:
+        self._drop_zygote()
         if self._sock.fileno() >= 0:
             self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
@@ -213,10 +217,46 @@ class Sandbox:
                 raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason}") from None
         raise SandboxError(f"sandbox {self.id}: control socket stayed full")
 
+    def _send_exec(self, data: bytes, fds: Sequence[int]) -> None:
+        """An exec request goes to the zygote directly when its socket is known; one the
+        init has shut (the zygote was replaced) sends it through the init, which forwards."""
+        z = self._zsock
+        if z is not None:
+            self._check()
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            for _ in range(1000):
+                try:
+                    z.sendmsg([data], anc)
+                    return
+                except BlockingIOError:
+                    time.sleep(0.0005)
+                except OSError:
+                    break
+            self._drop_zygote()
+        self._send(data, fds)
+
+    def _drop_zygote(self) -> None:
+        if self._zsock is not None:
+            self._zsock.close()
+            self._zsock = None
+
+    def _on_zygote(self, fds: list[int]) -> None:
+        self._drop_zygote()
+        if not fds:
+            return
+        for fd in fds[1:]:
+            os.close(fd)
+        if self._closed or self._dead_reason:
+            os.close(fds[0])
+            return
+        z = socket.socket(fileno=fds[0])
+        z.setblocking(False)
+        self._zsock = z
+
     def _on_readable(self) -> None:
         while True:
             try:
-                data = self._sock.recv(P.RSP.size)
+                data, anc, _, _ = self._sock.recvmsg(P.RSP.size, _ANC_SIZE, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 return
             except OSError as e:
@@ -226,6 +266,14 @@ class Sandbox:
                 self._fail("init exited")
                 return
             r = P.Reply.decode(data)
+            if anc or r.op == P.R_ZYGOTE:
+                fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                       for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+                if r.op == P.R_ZYGOTE:
+                    self._on_zygote(fds)
+                    continue
+                for fd in fds:  # no other reply carries descriptors
+                    os.close(fd)
             if r.op == P.R_EXIT:
                 fut = self._running.pop(r.id, None)
                 if fut is not None and not fut.done():
@@ -249,6 +297,14 @@ class Sandbox:
 
     def _send_kill(self, exec_id: int, sig: int) -> None:
         self._send(P.encode_simple(P.OP_KILL, exec_id, sig))
+
+    def _rewait(self, exec_id: int, fut: asyncio.Future) -> None:
+        """A wait() was cancelled (and with it the exit future): the exit goes to `fut`."""
+        if self.alive:
+            self._running[exec_id] = fut
+        else:
+            fut.set_exception(SandboxClosed(f"sandbox {self.id}: {self._dead_reason or 'closed'}"))
+            fut.exception()
 
     async def ping(self) -> bool:
         """True if the init answers; a pool uses it as a health check."""
@@ -333,7 +389,7 @@ class Sandbox:
         exit_fut = self._loop.create_future()
         self._running[eid] = exit_fut
         try:
-            self._send(msg, send_fds)
+            self._send_exec(msg, send_fds)
         except BaseException:
             self._waiters.pop((P.R_STARTED, eid), None)  # no-op for exec()
             self._running.pop(eid, None)
@@ -344,34 +400,32 @@ class Sandbox:
             os.close(fd)
         for s in streams:
             s.eof = self._loop.create_future()
-        watcher = None
-        if on_output is None and not stream:
-            # Most commands finish before their output could fill a pipe: their
-            # output is drained at exit, and the pipes are registered with the
-            # event loop only if the command is still running 2 ms later.
-            watcher = self._loop.call_later(0.002, self._watch, streams)
-        else:
+        # Most commands finish before their output could fill a pipe: their output
+        # is drained at exit, and the pipes are registered with the event loop only
+        # if the command is still running 2 ms later (Process._slow).
+        lazy = on_output is None and not stream
+        if not lazy:
             self._watch(streams)
         where = (argv[0], cwd or self.config.workdir)
-        if not _wait_started:
-            # exec(): the exit (or failure) report is all it needs; the init sends
-            # no start report (F_QUIET), which saves an event-loop wake-up.
-            proc = Process(self, eid, 0, streams, stdin_w if stdin == "pipe" else None, exit_fut,
-                           timeout, where, watcher)
-        else:
+        pid = 0
+        if _wait_started:
             assert started is not None
             reply = await started
             if reply.op == P.R_FAILED:
                 self._running.pop(eid, None)
-                if watcher is not None:
-                    watcher.cancel()
                 for s in streams:
                     self._close_stream(s)
                 if stdin_w is not None:
                     os.close(stdin_w)
                 return _FailedProcess(self, eid, _failure_result(self, where, reply))
-            proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
-                           exit_fut, timeout, where, watcher)
+            pid = reply.pid
+        # exec() (not _wait_started): the exit (or failure) report is all it needs;
+        # the init sends no start report (F_QUIET), which saves an event-loop wake-up.
+        proc = Process(self, eid, pid, streams, stdin_w if stdin == "pipe" else None, exit_fut,
+                       timeout, where, None)
+        if lazy:
+            proc._slow_seen = False
+            proc._watcher = self._loop.call_later(0.002, proc._slow)
         if isinstance(stdin, bytes):
             asyncio.ensure_future(_feed(proc, stdin_w, stdin))
         return proc
