@@ -202,12 +202,15 @@ class Process:
         for s in self._streams:
             if s.fd >= 0:
                 self._sandbox._on_output(s)  # drain what is buffered; closes at EOF
-        eofs = [s.eof for s in self._streams if s.eof is not None and not s.eof.done()]
-        if eofs:
+        still_open = [s for s in self._streams if s.fd >= 0]
+        if still_open:
+            loop = asyncio.get_running_loop()
+            for s in still_open:
+                s.eof = loop.create_future()
             self._sandbox._watch(self._streams)
             # Output written before exit is already in the pipe; a background child
             # holding the pipe open must not hold the caller hostage.
-            await asyncio.wait(eofs, timeout=0.5)
+            await asyncio.wait([s.eof for s in still_open], timeout=0.5)
         for s in self._streams:
             self._sandbox._close_stream(s)
         self._result = self._sandbox._result_from(reply, self._streams)

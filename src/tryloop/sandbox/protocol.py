@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PROTO_VERSION = 1
 
@@ -31,8 +31,7 @@ def stage_name(stage: int) -> str:
     return STAGES[stage] if 0 <= stage < len(STAGES) else f"stage-{stage}"
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):  # a tuple: built once per reply, on the exec path
     op: int
     id: int
     status: int
@@ -60,17 +59,26 @@ def encode_config(items: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def encode_exec(
-    exec_id: int, *, argv: list[str], env: dict[str, str], cwd: str, flags: int,
-    timeout_ms: int, uid: int, gid: int, nofile: int, fsize: int, cpu: int,
-) -> bytes:
-    strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+def _strings(strings: list[str]) -> bytes:
     for s in strings:
         if "\0" in s:
             raise ValueError(f"argument, environment or cwd contains a NUL byte: {s!r}")
-    head = REQ.pack(OP_EXEC, exec_id, flags, timeout_ms, len(argv), len(env), uid, gid,
+    return b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strings)
+
+
+def encode_env(env: dict[str, str]) -> tuple[int, bytes]:
+    """An environment as exec requests carry it; a sandbox encodes its own once."""
+    return len(env), _strings([f"{k}={v}" for k, v in env.items()])
+
+
+def encode_exec(
+    exec_id: int, *, argv: list[str], env: dict[str, str] | tuple[int, bytes], cwd: str, flags: int,
+    timeout_ms: int, uid: int, gid: int, nofile: int, fsize: int, cpu: int,
+) -> bytes:
+    nenv, env_bytes = env if isinstance(env, tuple) else encode_env(env)
+    head = REQ.pack(OP_EXEC, exec_id, flags, timeout_ms, len(argv), nenv, uid, gid,
                     nofile, fsize, cpu, 0)
-    return head + b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strings)
+    return head + _strings([cwd, *argv]) + env_bytes
 
 
 def encode_simple(op: int, req_id: int = 0, sig: int = 0) -> bytes:

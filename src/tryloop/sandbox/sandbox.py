@@ -65,6 +65,7 @@ class Sandbox:
         self.snapshot = snapshot
         self.config = config
         self._base_env = env
+        self._env_wire: tuple[int, bytes] | None = None  # _base_env as exec requests carry it
         self.cgroup = cgroup
         self._sock = sock
         # The host's end of the zygote's socket (R_ZYGOTE): exec requests skip the init.
@@ -344,9 +345,12 @@ class Sandbox:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         cap = output_limit or self.config.output_limit_bytes
-        full_env = dict(self._base_env)
         if env:
-            full_env.update(env)
+            full_env: dict[str, str] | tuple[int, bytes] = {**self._base_env, **env}
+        else:
+            if self._env_wire is None:
+                self._env_wire = P.encode_env(self._base_env)
+            full_env = self._env_wire
         # Always the agent's uid: no command runs as root inside, not even image
         # builds (uid 0 owns host-global files like /proc/sys without a user namespace).
         uid, gid = self.config.uid, self.config.gid
@@ -398,8 +402,6 @@ class Sandbox:
             raise
         for fd in close_after:
             os.close(fd)
-        for s in streams:
-            s.eof = self._loop.create_future()
         # Most commands finish before their output could fill a pipe: their output
         # is drained at exit, and the pipes are registered with the event loop only
         # if the command is still running 2 ms later (Process._slow).

@@ -1120,8 +1120,7 @@ static void serve(void) {
         if (n <= 0) continue;
         if (pf[1].revents & POLLIN) {
             struct signalfd_siginfo si;
-            while (read(sfd, &si, sizeof si) > 0) {
-            }
+            (void)!read(sfd, &si, sizeof si); /* SIGCHLD does not queue: one read empties it */
             reap(0);
         }
         if (pf[2].fd >= 0 && pf[2].fd == zsock && (pf[2].revents & (POLLIN | POLLHUP)))
