@@ -6,7 +6,10 @@
  *
  *   host -> init   CONFIG  "key\0value\0..." pairs (first message)
  *                  struct req + payload (EXEC carries 0-3 fds via SCM_RIGHTS)
- *   init -> host   struct rsp (fixed size)
+ *   init -> host   struct rsp (fixed size); R_ZYGOTE carries (SCM_RIGHTS) the
+ *                  host's end of a new zygote's socket
+ *   host -> zygote EXEC requests, as to the init (one hop fewer); the zygote
+ *                  reports to the init, which reaps, times and answers
  *
  * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup/net
  * (never the host's network), clones the init as a
@@ -614,6 +617,8 @@ static pid_t zpid;
 /* The zygote's end of its host socket, kept by the init too: once the zygote is gone,
  * the init fails what the host sent and the zygote never read. */
 static int zhost = -1;
+/* The init's copy of the host's end: requests the host sent the init are forwarded there. */
+static int zfwd = -1;
 /* Shared with the zygote (MAP_SHARED, made before the first one): the id of the request
  * it is starting, 0 when none. A zygote killed half-way leaves it for the init to fail. */
 static volatile uint32_t *zcur;
@@ -745,24 +750,13 @@ static _Noreturn void zygote_main(int s, int h) {
     } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
     else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0) stage = S_SECCOMP;
     int stage_err = stage ? errno : 0; /* reported with every request: the zygote cannot work */
-    /* Requests come from the host directly (h) or forwarded by the init (s); reports
-     * always go to the init, which reaps the commands. */
-    struct pollfd pf[2] = {{s, POLLIN, 0}, {h, POLLIN, 0}};
+    /* Requests come on h, from the host directly or forwarded by the init; reports go
+     * to the init on s. h reads end-of-file once the host and the init both closed it. */
     for (;;) {
-        if (poll(pf, 2, -1) < 0) {
-            if (errno == EINTR) continue;
-            _exit(1);
-        }
-        int from = (pf[1].revents & (POLLIN | POLLHUP | POLLERR)) ? h : s;
-        if (from == s && !(pf[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         int fds[3], nfds;
-        int len = recv_with_fds(from, buf, sizeof buf, fds, &nfds);
-        if (len < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (len <= 0) {
-            if (from == s) _exit(0);
-            pf[1].fd = -1; /* the host closed its end; the init may still forward */
-            continue;
-        }
+        int len = recv_with_fds(h, buf, sizeof buf, fds, &nfds);
+        if (len < 0 && errno == EINTR) continue;
+        if (len <= 0) _exit(0);
         if ((size_t)len < sizeof(struct req)) {
             for (int i = 0; i < nfds; i++) close(fds[i]);
             continue;
@@ -847,8 +841,8 @@ static void spawn_zygote(void) {
     zsock = sv[0];
     zpid = pid;
     zhost = hv[1];
+    zfwd = hv[0];
     send_zygote_fd(hv[0]);
-    close(hv[0]);
 }
 
 static void fail_pending(int32_t err, uint32_t stage) {
@@ -904,12 +898,19 @@ static void zygote_gone(void) {
             if ((size_t)len >= sizeof(struct req)) {
                 struct req h;
                 memcpy(&h, buf, sizeof h);
+                for (int i = 0; i < npend; i++)
+                    if (pend[i].id == h.id) {
+                        pend[i] = pend[--npend];
+                        break;
+                    }
                 reply(R_FAILED, h.id, ECHILD, gone_stage);
             }
         }
         close(zhost);
         zhost = -1;
     }
+    if (zfwd >= 0) close(zfwd);
+    zfwd = -1;
     fail_pending(ECHILD, gone_stage);
 }
 
@@ -937,10 +938,10 @@ static void do_exec(char *buf, size_t len, int *fds, int nfds) {
             c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
             memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
         }
-        if (zsock < 0) {
+        if (zfwd < 0) {
             err = EAGAIN;
             stage = S_FORK;
-        } else if (sendmsg(zsock, &mh, MSG_NOSIGNAL) < 0) {
+        } else if (sendmsg(zfwd, &mh, MSG_NOSIGNAL) < 0) {
             err = errno;
             stage = S_FORK;
         } else {
