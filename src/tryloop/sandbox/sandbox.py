@@ -505,6 +505,9 @@ class Sandbox:
         self._check()
         rid = next(self._ids)
         fut = self._expect(P.R_RESET, rid)
+        # Commands started from now on go through the init, after the reset (it sends
+        # the new zygote's socket before its reset report).
+        self._drop_zygote()
         self._send(P.encode_simple(P.OP_RESET, rid))
         reply = await asyncio.wait_for(fut, 30)
         self.cgroup.reset_peak()

@@ -753,6 +753,15 @@ static _Noreturn void zygote_main(int s, int h) {
     /* Requests come on h, from the host directly or forwarded by the init; reports go
      * to the init on s. h reads end-of-file once the host and the init both closed it. */
     for (;;) {
+        /* The request's id goes to the shared word before the request leaves the
+         * socket: a zygote killed at any point after that (even inside recvmsg) leaves
+         * it for the init to fail, and one killed before leaves the request queued,
+         * for the init to drain and fail. */
+        struct req peek;
+        ssize_t pl = recv(h, &peek, sizeof peek, MSG_PEEK);
+        if (pl < 0 && errno == EINTR) continue;
+        if (pl <= 0) _exit(0);
+        *zcur = (size_t)pl >= sizeof peek ? peek.id : 0;
         int fds[3], nfds;
         int len = recv_with_fds(h, buf, sizeof buf, fds, &nfds);
         if (len < 0 && errno == EINTR) continue;
