@@ -445,3 +445,56 @@ async def test_pytest_on_project_workspace_passes(runtime, project_dir):
         await sb.exec("sed -i 's/return a + b/return a - b/' calc/__init__.py")
         res = await sb.exec(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"])
         assert res.exit_code == 1
+
+
+# ---- the exec path: requests straight to the zygote ---------------------------------
+
+
+def _zygote_pids(sb) -> list[int]:
+    import os
+
+    exe = os.readlink(f"/proc/{sb.init_pid}/exe")
+    return [p for p in sb.cgroup.pids() if p != sb.init_pid and os.readlink(f"/proc/{p}/exe") == exe]
+
+
+async def test_commands_run_after_the_zygote_dies(sandbox):
+    """A zygote killed from outside (here by the host) is replaced: the next request, sent to
+    the dead one's socket, goes through the init, which starts a new zygote, and the ones
+    after that go to the new one directly."""
+    import os
+
+    assert (await sandbox.exec("true")).ok
+    (old,) = _zygote_pids(sandbox)
+    os.kill(old, signal.SIGKILL)
+    for _ in range(200):
+        if old not in sandbox.cgroup.pids():
+            break
+        await asyncio.sleep(0.005)
+    for i in range(5):
+        res = await sandbox.exec(["echo", str(i)])
+        assert res.ok and res.stdout == f"{i}\n".encode(), res
+    (new,) = _zygote_pids(sandbox)
+    assert new != old
+    assert sandbox._zsock is not None  # back on the direct path
+
+
+async def test_requests_in_flight_during_a_reset_are_all_answered(sandbox):
+    """Commands started around a reset either ran, were killed by it, or failed to start
+    with an error: none is left waiting."""
+    tasks = [asyncio.ensure_future(sandbox.exec(["sleep", "5"])) for _ in range(8)]
+    await asyncio.sleep(0)
+    reset = asyncio.ensure_future(sandbox.reset())
+    tasks += [asyncio.ensure_future(sandbox.exec(["true"])) for _ in range(4)]
+    await reset
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+    for r in done:
+        assert isinstance(r, SandboxError) or r.killed_by_reset or r.ok, r
+    assert (await sandbox.exec(["true"])).ok
+
+
+async def test_a_cancelled_wait_can_be_waited_again(sandbox):
+    proc = await sandbox.start(["sh", "-c", "sleep 0.2; echo done"])
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(proc.wait(), 0.01)
+    res = await proc.wait()
+    assert res.ok and res.stdout == b"done\n", res

@@ -70,6 +70,7 @@ class CommandHost(Protocol):
     id: str
 
     def _send_kill(self, exec_id: int, sig: int) -> None: ...
+    def _rewait(self, exec_id: int, fut: asyncio.Future) -> None: ...
     def _fail(self, reason: str) -> None: ...
     def _on_output(self, s: _Stream) -> None: ...
     def _watch(self, streams: list[_Stream]) -> None: ...
@@ -93,6 +94,25 @@ class Process:
         self._where = where  # (program, cwd) for start-failure messages
         self._watcher = watcher
         self._result: ExecResult | None = None
+        self._guard: asyncio.TimerHandle | None = None
+        self._waiting = False
+        self._slow_seen = watcher is None  # no 2 ms watcher: the pipes are watched already
+
+    def _slow(self) -> None:
+        """Still running 2 ms after the start: watch its pipes, and arm the guard if waited on."""
+        self._slow_seen = True
+        self._sandbox._watch(self._streams)
+        if self._waiting:
+            self._arm_guard()
+
+    def _arm_guard(self) -> None:
+        # The init enforces the timeout; this guard only catches a hung init (it
+        # fails the sandbox, which fails every pending command). A command that ends
+        # within 2 ms never needs one.
+        if self._guard is None and self._timeout_s and not self._exit.done():
+            delay = self._timeout_s + 30
+            self._guard = asyncio.get_running_loop().call_later(
+                delay, self._sandbox._fail, f"init did not report command {self.id} within {delay:.0f}s")
 
     @property
     def done(self) -> bool:
@@ -155,18 +175,22 @@ class Process:
     async def wait(self) -> ExecResult:
         if self._result is not None:
             return self._result
-        # The init enforces the timeout; this guard only catches a hung init (it
-        # fails the sandbox, which fails every pending command).
-        guard = None
-        if not self._exit.done() and self._timeout_s:
-            delay = self._timeout_s + 30
-            guard = asyncio.get_running_loop().call_later(
-                delay, self._sandbox._fail, f"init did not report command {self.id} within {delay:.0f}s")
+        self._waiting = True
+        if self._slow_seen:
+            self._arm_guard()
         try:
-            reply = await asyncio.shield(self._exit)
+            reply = await self._exit
+        except asyncio.CancelledError:
+            # The caller gave up waiting, not the command: a later wait() gets its exit.
+            if self._exit.cancelled():
+                self._exit = asyncio.get_running_loop().create_future()
+                self._sandbox._rewait(self.id, self._exit)
+            raise
         finally:
-            if guard is not None:
-                guard.cancel()
+            self._waiting = False
+            if self._guard is not None:
+                self._guard.cancel()
+                self._guard = None
             self.close_stdin()
         if self._watcher is not None:
             self._watcher.cancel()
@@ -178,12 +202,15 @@ class Process:
         for s in self._streams:
             if s.fd >= 0:
                 self._sandbox._on_output(s)  # drain what is buffered; closes at EOF
-        eofs = [s.eof for s in self._streams if s.eof is not None and not s.eof.done()]
-        if eofs:
+        still_open = [s for s in self._streams if s.fd >= 0]
+        if still_open:
+            loop = asyncio.get_running_loop()
+            for s in still_open:
+                s.eof = loop.create_future()
             self._sandbox._watch(self._streams)
             # Output written before exit is already in the pipe; a background child
             # holding the pipe open must not hold the caller hostage.
-            await asyncio.wait(eofs, timeout=0.5)
+            await asyncio.wait([s.eof for s in still_open], timeout=0.5)
         for s in self._streams:
             self._sandbox._close_stream(s)
         self._result = self._sandbox._result_from(reply, self._streams)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PROTO_VERSION = 1
 
@@ -11,7 +11,9 @@ REQ = struct.Struct("=8I4Q")  # op id flags timeout_ms nargs nenv uid gid | nofi
 RSP = struct.Struct("=2I2i2I6Q")  # op id status err stage flags | pid wall utime stime maxrss extra
 
 OP_EXEC, OP_KILL, OP_RESET, OP_PING = 1, 2, 3, 4
-R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED = range(1, 10)
+R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED, R_ZYGOTE = range(1, 11)
+# R_ZYGOTE carries (SCM_RIGHTS) the host's end of a new zygote's socket: exec requests go
+# there directly, one hop shorter than through the init; the init still reaps and reports.
 
 F_STDIN, F_STDOUT, F_STDERR, F_MERGE, F_QUIET = 1, 2, 4, 8, 16  # F_QUIET: no start report
 X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4
@@ -29,8 +31,7 @@ def stage_name(stage: int) -> str:
     return STAGES[stage] if 0 <= stage < len(STAGES) else f"stage-{stage}"
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):  # a tuple: built once per reply, on the exec path
     op: int
     id: int
     status: int
@@ -58,17 +59,26 @@ def encode_config(items: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def encode_exec(
-    exec_id: int, *, argv: list[str], env: dict[str, str], cwd: str, flags: int,
-    timeout_ms: int, uid: int, gid: int, nofile: int, fsize: int, cpu: int,
-) -> bytes:
-    strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+def _strings(strings: list[str]) -> bytes:
     for s in strings:
         if "\0" in s:
             raise ValueError(f"argument, environment or cwd contains a NUL byte: {s!r}")
-    head = REQ.pack(OP_EXEC, exec_id, flags, timeout_ms, len(argv), len(env), uid, gid,
+    return b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strings)
+
+
+def encode_env(env: dict[str, str]) -> tuple[int, bytes]:
+    """An environment as exec requests carry it; a sandbox encodes its own once."""
+    return len(env), _strings([f"{k}={v}" for k, v in env.items()])
+
+
+def encode_exec(
+    exec_id: int, *, argv: list[str], env: dict[str, str] | tuple[int, bytes], cwd: str, flags: int,
+    timeout_ms: int, uid: int, gid: int, nofile: int, fsize: int, cpu: int,
+) -> bytes:
+    nenv, env_bytes = env if isinstance(env, tuple) else encode_env(env)
+    head = REQ.pack(OP_EXEC, exec_id, flags, timeout_ms, len(argv), nenv, uid, gid,
                     nofile, fsize, cpu, 0)
-    return head + b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strings)
+    return head + _strings([cwd, *argv]) + env_bytes
 
 
 def encode_simple(op: int, req_id: int = 0, sig: int = 0) -> bytes:

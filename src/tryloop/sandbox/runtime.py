@@ -70,7 +70,7 @@ class GcReport:
 
 
 def _raise_nofile() -> None:
-    # Each live sandbox holds two descriptors (control socket, pidfd).
+    # Each live sandbox holds three descriptors (control socket, its zygote's socket, pidfd).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tryloop.sandbox.cgroups import SandboxCgroup
 
 Command = str | Sequence[str]
+_ANC_SIZE = socket.CMSG_SPACE(4 * 3)
 
 
 class SandboxOwner(Protocol):
@@ -64,8 +65,11 @@ class Sandbox:
         self.snapshot = snapshot
         self.config = config
         self._base_env = env
+        self._env_wire: tuple[int, bytes] | None = None  # _base_env as exec requests carry it
         self.cgroup = cgroup
         self._sock = sock
+        # The host's end of the zygote's socket (R_ZYGOTE): exec requests skip the init.
+        self._zsock: socket.socket | None = None
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
@@ -171,6 +175,7 @@ class Sandbox:
             self._loop.remove_reader(self._pidfd)
 
     def _detach(self, reason: str) -> None:
+        self._drop_zygote()
         if self._sock.fileno() >= 0:
             self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
@@ -213,10 +218,46 @@ class Sandbox:
                 raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason}") from None
         raise SandboxError(f"sandbox {self.id}: control socket stayed full")
 
+    def _send_exec(self, data: bytes, fds: Sequence[int]) -> None:
+        """An exec request goes to the zygote directly when its socket is known; one the
+        init has shut (the zygote was replaced) sends it through the init, which forwards."""
+        z = self._zsock
+        if z is not None:
+            self._check()
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            for _ in range(1000):
+                try:
+                    z.sendmsg([data], anc)
+                    return
+                except BlockingIOError:
+                    time.sleep(0.0005)
+                except OSError:
+                    break
+            self._drop_zygote()
+        self._send(data, fds)
+
+    def _drop_zygote(self) -> None:
+        if self._zsock is not None:
+            self._zsock.close()
+            self._zsock = None
+
+    def _on_zygote(self, fds: list[int]) -> None:
+        self._drop_zygote()
+        if not fds:
+            return
+        for fd in fds[1:]:
+            os.close(fd)
+        if self._closed or self._dead_reason:
+            os.close(fds[0])
+            return
+        z = socket.socket(fileno=fds[0])
+        z.setblocking(False)
+        self._zsock = z
+
     def _on_readable(self) -> None:
         while True:
             try:
-                data = self._sock.recv(P.RSP.size)
+                data, anc, _, _ = self._sock.recvmsg(P.RSP.size, _ANC_SIZE, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 return
             except OSError as e:
@@ -226,6 +267,14 @@ class Sandbox:
                 self._fail("init exited")
                 return
             r = P.Reply.decode(data)
+            if anc or r.op == P.R_ZYGOTE:
+                fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                       for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+                if r.op == P.R_ZYGOTE:
+                    self._on_zygote(fds)
+                    continue
+                for fd in fds:  # no other reply carries descriptors
+                    os.close(fd)
             if r.op == P.R_EXIT:
                 fut = self._running.pop(r.id, None)
                 if fut is not None and not fut.done():
@@ -249,6 +298,14 @@ class Sandbox:
 
     def _send_kill(self, exec_id: int, sig: int) -> None:
         self._send(P.encode_simple(P.OP_KILL, exec_id, sig))
+
+    def _rewait(self, exec_id: int, fut: asyncio.Future) -> None:
+        """A wait() was cancelled (and with it the exit future): the exit goes to `fut`."""
+        if self.alive:
+            self._running[exec_id] = fut
+        else:
+            fut.set_exception(SandboxClosed(f"sandbox {self.id}: {self._dead_reason or 'closed'}"))
+            fut.exception()
 
     async def ping(self) -> bool:
         """True if the init answers; a pool uses it as a health check."""
@@ -288,9 +345,12 @@ class Sandbox:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         cap = output_limit or self.config.output_limit_bytes
-        full_env = dict(self._base_env)
         if env:
-            full_env.update(env)
+            full_env: dict[str, str] | tuple[int, bytes] = {**self._base_env, **env}
+        else:
+            if self._env_wire is None:
+                self._env_wire = P.encode_env(self._base_env)
+            full_env = self._env_wire
         # Always the agent's uid: no command runs as root inside, not even image
         # builds (uid 0 owns host-global files like /proc/sys without a user namespace).
         uid, gid = self.config.uid, self.config.gid
@@ -333,7 +393,7 @@ class Sandbox:
         exit_fut = self._loop.create_future()
         self._running[eid] = exit_fut
         try:
-            self._send(msg, send_fds)
+            self._send_exec(msg, send_fds)
         except BaseException:
             self._waiters.pop((P.R_STARTED, eid), None)  # no-op for exec()
             self._running.pop(eid, None)
@@ -342,36 +402,32 @@ class Sandbox:
             raise
         for fd in close_after:
             os.close(fd)
-        for s in streams:
-            s.eof = self._loop.create_future()
-        watcher = None
-        if on_output is None and not stream:
-            # Most commands finish before their output could fill a pipe: their
-            # output is drained at exit, and the pipes are registered with the
-            # event loop only if the command is still running 2 ms later.
-            watcher = self._loop.call_later(0.002, self._watch, streams)
-        else:
+        # Most commands finish before their output could fill a pipe: their output
+        # is drained at exit, and the pipes are registered with the event loop only
+        # if the command is still running 2 ms later (Process._slow).
+        lazy = on_output is None and not stream
+        if not lazy:
             self._watch(streams)
         where = (argv[0], cwd or self.config.workdir)
-        if not _wait_started:
-            # exec(): the exit (or failure) report is all it needs; the init sends
-            # no start report (F_QUIET), which saves an event-loop wake-up.
-            proc = Process(self, eid, 0, streams, stdin_w if stdin == "pipe" else None, exit_fut,
-                           timeout, where, watcher)
-        else:
+        pid = 0
+        if _wait_started:
             assert started is not None
             reply = await started
             if reply.op == P.R_FAILED:
                 self._running.pop(eid, None)
-                if watcher is not None:
-                    watcher.cancel()
                 for s in streams:
                     self._close_stream(s)
                 if stdin_w is not None:
                     os.close(stdin_w)
                 return _FailedProcess(self, eid, _failure_result(self, where, reply))
-            proc = Process(self, eid, reply.pid, streams, stdin_w if stdin == "pipe" else None,
-                           exit_fut, timeout, where, watcher)
+            pid = reply.pid
+        # exec() (not _wait_started): the exit (or failure) report is all it needs;
+        # the init sends no start report (F_QUIET), which saves an event-loop wake-up.
+        proc = Process(self, eid, pid, streams, stdin_w if stdin == "pipe" else None, exit_fut,
+                       timeout, where, None)
+        if lazy:
+            proc._slow_seen = False
+            proc._watcher = self._loop.call_later(0.002, proc._slow)
         if isinstance(stdin, bytes):
             asyncio.ensure_future(_feed(proc, stdin_w, stdin))
         return proc
@@ -449,6 +505,9 @@ class Sandbox:
         self._check()
         rid = next(self._ids)
         fut = self._expect(P.R_RESET, rid)
+        # Commands started from now on go through the init, after the reset (it sends
+        # the new zygote's socket before its reset report).
+        self._drop_zygote()
         self._send(P.encode_simple(P.OP_RESET, rid))
         reply = await asyncio.wait_for(fut, 30)
         self.cgroup.reset_peak()

@@ -186,9 +186,9 @@ def bwrap_check() -> tuple[str | None, str]:
 
 
 def ensure_headroom(n: int) -> list[str]:
-    """Raise RLIMIT_NOFILE for `n` live sandboxes (2 fds each) and check pids; notes on what was done."""
+    """Raise RLIMIT_NOFILE for `n` live sandboxes (3 fds each) and check pids; notes on what was done."""
     notes: list[str] = []
-    need = 2 * n + fd_count() + 256
+    need = 3 * n + fd_count() + 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(hard, need)

@@ -238,9 +238,10 @@ class Bench:
             await sb.close()
         self.rows["exec_true"] = Row(
             "exec_true", "exec /bin/true", ours, [spawn, subp], Target("p50 ≤ 1.3× posix_spawn", ratio_max=1.3),
-            notes=["ours is the round trip: request on the control socket, the init has the command cloned "
-                   "from the sandbox's exec server (chrooted, seccomp filter loaded once), the child takes the "
-                   "agent's uid and limits and execs, the exit comes back, stdout and stderr are drained. "
+            notes=["ours is the round trip: request on the socket of the sandbox's exec server (chrooted, "
+                   "seccomp filter loaded once), which clones the command, the child takes the agent's uid "
+                   "and limits and execs, the init reaps it and the exit comes back, stdout and stderr are "
+                   "drained. "
                    "'init side' is clone-to-exit as the init measures it."],
             extra={**host, "init_side": summarize(init_wall)})
 

@@ -6,7 +6,10 @@
  *
  *   host -> init   CONFIG  "key\0value\0..." pairs (first message)
  *                  struct req + payload (EXEC carries 0-3 fds via SCM_RIGHTS)
- *   init -> host   struct rsp (fixed size)
+ *   init -> host   struct rsp (fixed size); R_ZYGOTE carries (SCM_RIGHTS) the
+ *                  host's end of a new zygote's socket
+ *   host -> zygote EXEC requests, as to the init (one hop fewer); the zygote
+ *                  reports to the init, which reaps, times and answers
  *
  * The launcher joins the sandbox's cgroups, unshares mount/pid/ipc/uts/cgroup/net
  * (never the host's network), clones the init as a
@@ -47,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -67,7 +71,7 @@
 enum { OP_EXEC = 1, OP_KILL = 2, OP_RESET = 3, OP_PING = 4 };
 enum {
     R_PID = 1, R_READY = 2, R_STARTED = 3, R_FAILED = 4, R_EXIT = 5,
-    R_RESET = 6, R_PONG = 7, R_FATAL = 8, R_EXPIRED = 9,
+    R_RESET = 6, R_PONG = 7, R_FATAL = 8, R_EXPIRED = 9, R_ZYGOTE = 10,
 };
 /* Stages named in R_FAILED / R_FATAL so the host can say what broke. */
 enum {
@@ -604,20 +608,30 @@ static struct run *find_run_id(uint32_t id) {
 struct zrsp {
     uint32_t id;
     int32_t err;
-    uint32_t stage, pad;
+    uint32_t stage, flags, timeout_ms, pad;
     uint64_t pid, t0;
 };
 
 static int zsock = -1;
 static pid_t zpid;
+/* The zygote's end of its host socket, kept by the init too: once the zygote is gone,
+ * the init fails what the host sent and the zygote never read. */
+static int zhost = -1;
+/* The init's copy of the host's end: requests the host sent the init are forwarded there. */
+static int zfwd = -1;
+/* Shared with the zygote (MAP_SHARED, made before the first one): the id of the request
+ * it is starting, 0 when none. A zygote killed half-way leaves it for the init to fail. */
+static volatile uint32_t *zcur;
+static uint32_t zlast; /* id of the last report from the zygote */
+static uint32_t gone_stage = S_FORK, killing_why;
 struct pend { uint32_t id, timeout_ms, flags; };
 static struct pend pend[MAXRUN];
 static int npend;
 /* Commands that exited before the zygote's report reached init. */
 struct dead { pid_t pid; int status; struct rusage ru; uint64_t end_ns; };
-#define MAXDEAD 64
+#define MAXDEAD 128
 static struct dead dead[MAXDEAD];
-static int ndead;
+static int ndead, dead_next;
 
 static int parse_exec(char *buf, size_t len, int *fds, int nfds, struct execreq *x, char **argv, char **envp) {
     char *p = buf + sizeof x->h, *end = buf + len;
@@ -710,13 +724,14 @@ static int drop_zygote_privileges(void) {
     return (int)syscall(SYS_capset, &ch, cd);
 }
 
-static _Noreturn void zygote_main(int s) {
+static _Noreturn void zygote_main(int s, int h) {
     static char buf[MSGMAX];
-    if (s != 3) {
-        dup2(s, 3);
-        s = 3;
-    }
-    syscall(SYS_close_range, 4, ~0U, 0);
+    /* Its two sockets on 3 (the init's) and 4 (the host's), every other descriptor closed. */
+    int s2 = fcntl(s, F_DUPFD_CLOEXEC, 10), h2 = fcntl(h, F_DUPFD_CLOEXEC, 10);
+    if (s2 < 0 || h2 < 0 || dup3(s2, 3, O_CLOEXEC) < 0 || dup3(h2, 4, O_CLOEXEC) < 0) _exit(1);
+    s = 3;
+    h = 4;
+    syscall(SYS_close_range, 5, ~0U, 0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -735,14 +750,33 @@ static _Noreturn void zygote_main(int s) {
     } else if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) stage = S_NNP;
     else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &seccomp_prog) < 0) stage = S_SECCOMP;
     int stage_err = stage ? errno : 0; /* reported with every request: the zygote cannot work */
+    /* Requests come on h, from the host directly or forwarded by the init; reports go
+     * to the init on s. h reads end-of-file once the host and the init both closed it. */
     for (;;) {
+        /* The request's id goes to the shared word before the request leaves the
+         * socket: a zygote killed at any point after that (even inside recvmsg) leaves
+         * it for the init to fail, and one killed before leaves the request queued,
+         * for the init to drain and fail. */
+        struct req peek;
+        ssize_t pl = recv(h, &peek, sizeof peek, MSG_PEEK);
+        if (pl < 0 && errno == EINTR) continue;
+        if (pl <= 0) _exit(0);
+        *zcur = (size_t)pl >= sizeof peek ? peek.id : 0;
         int fds[3], nfds;
-        int len = recv_with_fds(s, buf, sizeof buf, fds, &nfds);
+        int len = recv_with_fds(h, buf, sizeof buf, fds, &nfds);
+        if (len < 0 && errno == EINTR) continue;
         if (len <= 0) _exit(0);
+        if ((size_t)len < sizeof(struct req)) {
+            for (int i = 0; i < nfds; i++) close(fds[i]);
+            continue;
+        }
         struct execreq x;
         memcpy(&x.h, buf, sizeof x.h);
         struct zrsp z = {0};
         z.id = x.h.id;
+        z.flags = x.h.flags;
+        z.timeout_ms = x.h.timeout_ms;
+        *zcur = x.h.id;
         char *argv[x.h.nargs + 1], *envp[x.h.nenv + 1];
         if (stage) {
             z.err = stage_err;
@@ -770,24 +804,54 @@ static _Noreturn void zygote_main(int s) {
         for (int i = 0; i < nfds; i++) close(fds[i]);
         while (send(s, &z, sizeof z, MSG_NOSIGNAL) < 0 && errno == EINTR) {
         }
+        *zcur = 0;
+    }
+}
+
+/* The host's end of a new zygote's socket goes to the host in an R_ZYGOTE message. */
+static void send_zygote_fd(int fd) {
+    struct rsp r = {0};
+    r.op = R_ZYGOTE;
+    struct iovec iov = {&r, sizeof r};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    while (sendmsg(ctl, &mh, MSG_NOSIGNAL) < 0 && errno == EINTR) {
     }
 }
 
 static void spawn_zygote(void) {
-    int sv[2];
+    int sv[2], hv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, hv) < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return;
+    }
     pid_t pid = fork();
     if (pid == 0) {
-        close(sv[0]);
-        zygote_main(sv[1]);
+        zygote_main(sv[1], hv[1]);
     }
     close(sv[1]);
     if (pid < 0) {
         close(sv[0]);
+        close(hv[0]);
+        close(hv[1]);
         return;
     }
     zsock = sv[0];
     zpid = pid;
+    zhost = hv[1];
+    zfwd = hv[0];
+    send_zygote_fd(hv[0]);
 }
 
 static void fail_pending(int32_t err, uint32_t stage) {
@@ -795,11 +859,68 @@ static void fail_pending(int32_t err, uint32_t stage) {
     npend = 0;
 }
 
+static void handle_zrsp(struct zrsp *z);
+
+/* The zygote is dead (or closed its socket): take in the reports it sent, fail the
+ * request it was starting and every one the host sent it that it never read, and
+ * shut its host socket so that the host's next request comes through the init. */
 static void zygote_gone(void) {
-    if (zsock >= 0) close(zsock);
+    if (zsock >= 0) {
+        int fl = fcntl(zsock, F_GETFL);
+        if (fl >= 0) fcntl(zsock, F_SETFL, fl | O_NONBLOCK);
+        struct zrsp z;
+        while (recv(zsock, &z, sizeof z, MSG_DONTWAIT) == sizeof z) handle_zrsp(&z);
+        close(zsock);
+    }
     zsock = -1;
     zpid = 0;
-    fail_pending(ECHILD, S_FORK);
+    uint32_t cur = *zcur;
+    *zcur = 0;
+    int in_pend = 0;
+    for (int i = 0; i < npend; i++) in_pend |= pend[i].id == cur;
+    if (cur && cur != zlast && !in_pend && !find_run_id(cur)) reply(R_FAILED, cur, ECHILD, gone_stage);
+    if (zhost >= 0) {
+        static char buf[MSGMAX];
+        shutdown(zhost, SHUT_RDWR); /* the host's sends fail from now on (EPIPE) */
+        for (;;) {
+            int fds[3], nfds;
+            char cbuf[CMSG_SPACE(sizeof(int) * 3)];
+            struct iovec iov = {buf, sizeof buf};
+            struct msghdr mh = {0};
+            mh.msg_iov = &iov;
+            mh.msg_iovlen = 1;
+            mh.msg_control = cbuf;
+            mh.msg_controllen = sizeof cbuf;
+            ssize_t len = recvmsg(zhost, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+            if (len <= 0) break;
+            nfds = 0;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                    int cnt = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (int i = 0; i < cnt; i++) {
+                        int fd = ((int *)CMSG_DATA(c))[i];
+                        if (nfds < 3) fds[nfds++] = fd;
+                        else close(fd);
+                    }
+                }
+            for (int i = 0; i < nfds; i++) close(fds[i]);
+            if ((size_t)len >= sizeof(struct req)) {
+                struct req h;
+                memcpy(&h, buf, sizeof h);
+                for (int i = 0; i < npend; i++)
+                    if (pend[i].id == h.id) {
+                        pend[i] = pend[--npend];
+                        break;
+                    }
+                reply(R_FAILED, h.id, ECHILD, gone_stage);
+            }
+        }
+        close(zhost);
+        zhost = -1;
+    }
+    if (zfwd >= 0) close(zfwd);
+    zfwd = -1;
+    fail_pending(ECHILD, gone_stage);
 }
 
 static void do_exec(char *buf, size_t len, int *fds, int nfds) {
@@ -826,10 +947,10 @@ static void do_exec(char *buf, size_t len, int *fds, int nfds) {
             c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
             memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
         }
-        if (zsock < 0) {
+        if (zfwd < 0) {
             err = EAGAIN;
             stage = S_FORK;
-        } else if (sendmsg(zsock, &mh, MSG_NOSIGNAL) < 0) {
+        } else if (sendmsg(zfwd, &mh, MSG_NOSIGNAL) < 0) {
             err = errno;
             stage = S_FORK;
         } else {
@@ -860,6 +981,48 @@ static void finish_run(int idx, int status, struct rusage *ru, uint32_t extra_fl
     runs[idx] = runs[--nruns];
 }
 
+/* A report of the zygote: the command started (it is now init's to reap and time), or
+ * why it did not. Requests forwarded by the init are in pend; those the host sent the
+ * zygote directly are known from here on. */
+static void handle_zrsp(struct zrsp *z) {
+    zlast = z->id;
+    for (int i = 0; i < npend; i++)
+        if (pend[i].id == z->id) {
+            pend[i] = pend[--npend];
+            break;
+        }
+    if (!z->pid) {
+        reply(R_FAILED, z->id, z->err, z->stage);
+        return;
+    }
+    if (nruns >= MAXRUN) { /* more than the host may have running: refuse it, kill it */
+        kill(-(pid_t)z->pid, SIGKILL);
+        kill((pid_t)z->pid, SIGKILL);
+        reply(R_FAILED, z->id, EAGAIN, S_TOOMANY);
+        return;
+    }
+    struct run *r = &runs[nruns++];
+    r->id = z->id;
+    r->pid = (pid_t)z->pid;
+    r->start_ns = z->t0;
+    r->deadline_ns = z->timeout_ms ? z->t0 + (uint64_t)z->timeout_ms * 1000000ull : 0;
+    r->flags = killing_why;
+    if (!(z->flags & F_QUIET)) {
+        struct rsp s = {0};
+        s.op = R_STARTED;
+        s.id = z->id;
+        s.pid = z->pid;
+        send_rsp(&s);
+    }
+    /* A command that exited before its report arrived was reaped already. */
+    for (int i = 0; i < ndead; i++)
+        if (dead[i].pid == r->pid && dead[i].end_ns >= z->t0) {
+            finish_run(nruns - 1, dead[i].status, &dead[i].ru, 0, dead[i].end_ns);
+            dead[i].pid = 0;
+            break;
+        }
+}
+
 static void on_zygote_reply(void) {
     struct zrsp z;
     ssize_t n = recv(zsock, &z, sizeof z, MSG_DONTWAIT);
@@ -867,41 +1030,7 @@ static void on_zygote_reply(void) {
         zygote_gone();
         return;
     }
-    if (n != sizeof z) return;
-    uint32_t timeout_ms = 0, flags = 0;
-    int found = 0;
-    for (int i = 0; i < npend; i++)
-        if (pend[i].id == z.id) {
-            timeout_ms = pend[i].timeout_ms;
-            flags = pend[i].flags;
-            pend[i] = pend[--npend];
-            found = 1;
-            break;
-        }
-    if (!found) return;
-    if (!z.pid) {
-        reply(R_FAILED, z.id, z.err, z.stage);
-        return;
-    }
-    struct run *r = &runs[nruns++];
-    r->id = z.id;
-    r->pid = (pid_t)z.pid;
-    r->start_ns = z.t0;
-    r->deadline_ns = timeout_ms ? z.t0 + (uint64_t)timeout_ms * 1000000ull : 0;
-    r->flags = 0;
-    if (!(flags & F_QUIET)) {
-        struct rsp s = {0};
-        s.op = R_STARTED;
-        s.id = z.id;
-        s.pid = z.pid;
-        send_rsp(&s);
-    }
-    for (int i = 0; i < ndead; i++)
-        if (dead[i].pid == r->pid) {
-            finish_run(nruns - 1, dead[i].status, &dead[i].ru, 0, dead[i].end_ns);
-            dead[i] = dead[--ndead];
-            break;
-        }
+    if (n == sizeof z) handle_zrsp(&z);
 }
 
 static void reap(int block) {
@@ -921,9 +1050,12 @@ static void reap(int block) {
                 finish_run(i, status, &ru, 0, 0);
                 break;
             }
-        if (i == nruns && npend > 0) {
-            /* Possibly a command whose start report is still on its way. */
-            struct dead *d = &dead[ndead < MAXDEAD ? ndead++ : (int)(now_ns() % MAXDEAD)];
+        if (i == nruns) {
+            /* Possibly a command whose start report is still on its way (or an orphan
+             * the init adopted); the oldest record makes room. */
+            struct dead *d = &dead[dead_next];
+            dead_next = (dead_next + 1) % MAXDEAD;
+            if (ndead < MAXDEAD) ndead++;
             d->pid = pid;
             d->status = status;
             d->ru = ru;
@@ -934,12 +1066,16 @@ static void reap(int block) {
 
 static void kill_everything(uint32_t why) {
     for (int i = 0; i < nruns; i++) runs[i].flags |= why; /* reported as killed by reset / expiry */
+    killing_why = why;
+    gone_stage = S_RESET;
     kill(-1, SIGKILL); /* from pid 1: every other process of the namespace */
     reap(1);
-    if (zsock >= 0) zygote_gone();
+    if (zsock >= 0 || zhost >= 0) zygote_gone();
     fail_pending(ECHILD, S_RESET);
     while (nruns > 0) finish_run(0, SIGKILL, NULL, why, 0); /* defensive */
-    ndead = 0;
+    ndead = dead_next = 0;
+    killing_why = 0;
+    gone_stage = S_FORK;
 }
 
 static void do_reset(uint32_t id) {
@@ -994,8 +1130,7 @@ static void serve(void) {
         if (n <= 0) continue;
         if (pf[1].revents & POLLIN) {
             struct signalfd_siginfo si;
-            while (read(sfd, &si, sizeof si) > 0) {
-            }
+            (void)!read(sfd, &si, sizeof si); /* SIGCHLD does not queue: one read empties it */
             reap(0);
         }
         if (pf[2].fd >= 0 && pf[2].fd == zsock && (pf[2].revents & (POLLIN | POLLHUP)))
@@ -1175,6 +1310,9 @@ int main(int argc, char **argv) {
         close(devnull);
     }
     signal(SIGPIPE, SIG_IGN);
+    void *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) fatal(S_FORK);
+    zcur = shared;
     spawn_zygote();
     reply(R_READY, 0, 0, PROTO_VERSION);
     serve();
