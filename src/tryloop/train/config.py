@@ -69,7 +69,9 @@ class TrainConfig(_Model):
                                 "loss is weighted by min(pi_old / pi_sampler, tis_cap), the learner's "
                                 "log-probability over the one the sampler recorded, correcting for tokens "
                                 "sampled by older weights (overlapped rollouts); None: no correction "
-                                "(train.overlap turns it on at 2.0 unless set)")
+                                "(train.overlap turns it on at 2.0 unless set). With old_logprobs: sampler the "
+                                "ratio is already taken against the sampler's log-probabilities, and this "
+                                "does nothing")
     amp: Literal["auto", "bf16", "off"] = Field(
         "off", description="bf16 autocast of the forward/backward passes (weights, optimizer state and "
                             "the log-softmax stay float32); auto = on where bf16 matmuls are fast (CUDA "
