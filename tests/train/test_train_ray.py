@@ -6,6 +6,7 @@ version after each update."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import pytest
@@ -116,7 +117,10 @@ def test_a_rollout_node_lost_mid_step_its_episodes_run_elsewhere_none_lost_none_
     c, nodes = cluster
     c.add_node(num_cpus=1, resources={"sandbox_host": 1})   # a third node: two remain after the kill
     c.wait_for_nodes()
-    cfg = ray_config(train_root, "ray-c.yaml", run_id="ray-c", tasks_per_step=2, concurrency=4)
+    # 6 seats on 3 nodes (2 each), 8 episodes a step: when the first comes back, 5 are in flight and
+    # every node runs at least one, so the node removed takes episodes with it.
+    cfg = ray_config(train_root, "ray-c.yaml", {"admission": {"adaptive": False, "initial": 6, "max": 6}},
+                     run_id="ray-c", tasks_per_step=2, group_size=4, concurrency=6)
     killed: list[str] = []
 
     def hook(event, data):
@@ -128,8 +132,12 @@ def test_a_rollout_node_lost_mid_step_its_episodes_run_elsewhere_none_lost_none_
     assert killed and res.steps_done == 2
     trajs = TrajectoryStore(cfg.store.trajectories_url).read(run_id="ray-c")
     ids = Counter(t.episode_id for t in trajs)
-    assert len(ids) == 8 and set(ids.values()) == {1}      # none lost, none counted twice
-    assert [m["episodes"] for m in res.metrics] == [4, 4]
+    assert len(ids) == 16 and set(ids.values()) == {1}      # none lost, none counted twice
+    assert [m["episodes"] for m in res.metrics] == [8, 8]
+    # The removed node's episodes failed as WorkerLost and ran again elsewhere.
+    state = json.loads((res.run_dir / "state.json").read_text())
+    lost = [x for x in state["metrics"]["tryloop_scheduler_failures_total"] if "WorkerLost" in json.dumps(x)]
+    assert lost and sum(x["value"] for x in lost) >= 1, state["metrics"]["tryloop_scheduler_failures_total"]
 
 
 def test_a_worker_with_another_tryloop_stops_the_run(cluster, train_root, monkeypatch):  # noqa: F811
