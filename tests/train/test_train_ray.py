@@ -175,3 +175,31 @@ def test_overlap_on_the_local_engine_samples_during_the_update_within_the_bound(
         assert m["staleness_max"] <= 1 and m["stale_dropped"] == 0
         for t in (t for t in trajs if t.step == m["step"]):
             assert all(m["step"] - index.get(v, 0) <= 1 for v in t.weights_versions)
+
+
+@pytest.mark.slow   # ~1.5 min on 2 shared cores
+def test_external_sampler_serving_other_weights_mid_rollout_stops_the_ray_run(cluster, train_root):  # noqa: F811
+    """train.sampler.endpoints on Ray: the workers sample from a `serve model` outside the trainer.
+    Weights changed behind the trainer's back as the rollout starts: the workers refuse the tokens,
+    the run stops naming the endpoint, and nothing is stored or trained on."""
+    from tryloop.agent.endpoints import SamplerError
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+    from tryloop.train.run import train
+
+    served = load_model("smollm2-135m", device="cpu")
+    scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
+    with Engine(served.model, served.tokenizer, weights_version=served.weights_version, num_threads=1) as engine, \
+            model_server_in_thread(engine, scfg) as url:
+        cfg = ray_config(train_root, "ray-e.yaml", run_id="ray-e", steps=1, sampler={"endpoints": [url]})
+
+        def hook(event, data):
+            if event == "rollout":
+                engine.update_weights_blocking(engine.model, version="rogue")
+
+        with pytest.raises(SamplerError, match=rf"{url} sampled with weights \['rogue'\] but '.*' was announced"):
+            asyncio.run(train(cfg, cfg.train, hook=hook))
+    assert TrajectoryStore(cfg.store.trajectories_url).read(run_id="ray-e") == []
+    assert not (train_root / "runs" / "ray-e" / "metrics.jsonl").exists()
