@@ -127,6 +127,10 @@ class TrainRunConfig(_Model):
         if self.sampler.kind != "tryloop" and self.sampler.endpoints and not self.sampler.weights_dir:
             raise ValueError(f"train.sampler.kind {self.sampler.kind} loads weights from a shared path: set "
                              "train.sampler.weights_dir")
+        if self.overlap and self.sampler.endpoints and self.sampler.kind != "tryloop":
+            raise ValueError(f"train.overlap samples during weight pushes, and a {self.sampler.kind} server does "
+                             "not say which weights sampled each completion: its versions could not be "
+                             "trusted. Use tryloop's server (train.sampler.kind: tryloop) or no overlap")
         if self.overlap and a.tis_cap is None:
             object.__setattr__(self, "algo", a.model_copy(update={"tis_cap": 2.0}))   # frozen model
         if self.zone_lo > self.zone_hi:
