@@ -203,3 +203,31 @@ def test_external_sampler_serving_other_weights_mid_rollout_stops_the_ray_run(cl
             asyncio.run(train(cfg, cfg.train, hook=hook))
     assert TrajectoryStore(cfg.store.trajectories_url).read(run_id="ray-e") == []
     assert not (train_root / "runs" / "ray-e" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow   # ~2 min on 2 shared cores
+def test_an_overlapped_run_that_dies_mid_rollout_resumes_without_losing_or_repeating_episodes(train_root):  # noqa: F811
+    """The run dies while step 1's rollout (overlapping step 0's update) has stored one of its
+    episodes: the resumed run reads that one back, runs the rest, and every episode is stored once."""
+    from tryloop.train.run import train
+
+    cfg = load_yaml(write_config(train_root, "local-r.yaml", run_id="local-r", steps=3, concurrency=1,
+                                 limits=SHORT, overlap=True, max_staleness=1))
+
+    class Died(Exception):
+        pass
+
+    def hook(event, data):
+        if event == "episode" and data["step"] == 1:
+            raise Died()     # after the episode was stored
+
+    with pytest.raises(Died):
+        asyncio.run(train(cfg, cfg.train, hook=hook))
+    store = TrajectoryStore(cfg.store.trajectories_url)
+    assert len(store.read(run_id="local-r", step=1)) == 1
+    assert checkpoint.latest(train_root / "runs" / "local-r").name == "step-000000"
+    res = asyncio.run(train(cfg, cfg.train, resume=True))
+    assert res.steps_done == 3 and [m["step"] for m in res.metrics] == [0, 1, 2]
+    ids = Counter(t.episode_id for t in store.read(run_id="local-r"))
+    assert len(ids) == 6 and set(ids.values()) == {1}
+    assert [m["episodes"] for m in res.metrics] == [2, 2, 2]
