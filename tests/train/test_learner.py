@@ -298,3 +298,23 @@ def test_per_turn_advantages_move_each_turn_its_own_way(model):
     assert m["optimizer_steps"] >= 1
     for (f0, s0), (f1, s1) in zip(before, per_turn(), strict=True):
         assert f1 > f0 and s1 < s0
+
+
+def test_truncated_importance_sampling_weighs_tokens_by_the_learners_over_the_samplers_logprobs(model):
+    """tis_cap: each token's loss is weighted by min(exp(pi_old - recorded), cap), pi_old recomputed
+    by the learner. Recorded log-probabilities that are the learner's own give weights of 1; ones
+    recorded by other (older) weights give other weights, capped."""
+    learner = Learner(model, TrainConfig(old_logprobs="recompute", tis_cap=2.0, lr=1e-9, micro_batch=4,
+                                         log_entropy=False, temperature=0.7))
+    trajs = episodes(model, 3)
+    own = Learner(copy.deepcopy(model), TrainConfig(temperature=1.0)).logprobs(trajs)   # raw, temperature 1
+    same = [Trajectory(t.episode_id, "t", token_ids=t.token_ids, loss_mask=t.loss_mask, logprobs=lp)
+            for t, lp in zip(trajs, own, strict=True)]
+    m = learner.step(same, [1.0, -1.0, 0.5])
+    assert m["tis_weight_mean"] == pytest.approx(1.0, abs=1e-4) and m["tis_truncated_frac"] == 0.0
+    older = [Trajectory(t.episode_id, "t", token_ids=t.token_ids, loss_mask=t.loss_mask,
+                        logprobs=[x - 1.0 for x in t.logprobs]) for t in same]          # e^1 > the cap
+    m = learner.step(older, [1.0, -1.0, 0.5])
+    assert m["tis_weight_mean"] == pytest.approx(2.0, abs=1e-4) and m["tis_truncated_frac"] == 1.0
+    assert "tis_weight_mean" not in Learner(copy.deepcopy(model), TrainConfig(old_logprobs="recompute")).step(
+        same, [1.0, -1.0, 0.5])

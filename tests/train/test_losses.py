@@ -181,3 +181,28 @@ def test_approx_kl_and_entropy_stats():
                       logits=logits)
     assert out.stats["entropy"] == pytest.approx(LN(4))
     assert entropy(torch.tensor([0.0, -1e9])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_truncated_importance_weights_scale_each_tokens_loss_and_are_capped():
+    from tryloop.train.losses import tis_weights
+
+    # pi_old (the learner's) vs mu (the older weights that sampled): ratios e^0.5, e^-1, e^2 (capped at 2).
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    mu = torch.tensor([[-1.5, -1.0, -2.5, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w = tis_weights(old, mu, mask, cap=2.0)
+    assert torch.allclose(w[0, :3], torch.tensor([math.exp(0.5), math.exp(-1.0), 2.0]))
+    assert w[0, 3] == 1.0                    # masked: no weight from a token that is not trained on
+    logp = old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0])
+    out = policy_loss(logp, old, adv, mask, is_weights=w, is_cap=2.0)
+    # ratio 1 everywhere: loss = -sum(w * A) / tokens, and each token's gradient is -w * A / tokens.
+    assert out.loss.item() == pytest.approx(-(math.exp(0.5) + math.exp(-1.0) + 2.0) / 3)
+    out.loss.backward()
+    assert torch.allclose(logp.grad[0, :3], -w[0, :3] / 3)
+    assert out.stats["tis_weight_mean"] == pytest.approx((math.exp(0.5) + math.exp(-1.0) + 2.0) / 3)
+    assert out.stats["tis_truncated_frac"] == pytest.approx(1 / 3)
+    # Without weights the loss is unchanged from before.
+    plain = policy_loss(old.clone().requires_grad_(True), old, adv, mask)
+    assert plain.loss.item() == pytest.approx(-1.0) and "tis_weight_mean" not in plain.stats
+

@@ -52,3 +52,15 @@ def test_train_run_refuses_an_update_that_does_not_match_the_sampler():
     assert ok.algo.temperature == 0.7
     d = TrainRunConfig()
     assert d.algo.old_logprobs == "recompute" and d.algo.amp == "auto" and d.zone and d.source == "functions"
+
+
+def test_overlap_turns_the_correction_on_and_refuses_servers_without_versions():
+    from tryloop.train.run_config import TrainRunConfig
+
+    assert TrainRunConfig().algo.tis_cap is None and not TrainRunConfig().overlap
+    assert TrainRunConfig(overlap=True).algo.tis_cap == 2.0
+    algo = {"tis_cap": 5.0, "old_logprobs": "recompute", "temperature": 0.7}
+    assert TrainRunConfig.model_validate({"overlap": True, "algo": algo}).algo.tis_cap == 5.0
+    with pytest.raises(ValueError, match="does not say which weights sampled each completion"):
+        TrainRunConfig.model_validate({"overlap": True, "sampler": {"endpoints": ["http://s:8000"], "kind": "vllm",
+                                                                    "weights_dir": "/w"}})

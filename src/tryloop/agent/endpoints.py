@@ -79,7 +79,9 @@ class _Endpoint:
 class EndpointSampler:
     def __init__(self, endpoints: list[str], *, kind: Kind = "tryloop", api_key: str | None = None,
                  timeout_s: float = 300.0, retries: int = 1, weights_dir: str | Path | None = None,
-                 model_config: Any = None):
+                 model_config: Any = None, check_versions: bool = True):
+        """`check_versions=False`: record the versions each completion reports without comparing them
+        to the announced one (a Ray rollout worker, which checks them per episode)."""
         if not endpoints:
             raise ValueError("an EndpointSampler needs at least one endpoint")
         for u in endpoints:
@@ -91,6 +93,7 @@ class EndpointSampler:
         self.kind, self.timeout_s, self.retries = kind, timeout_s, retries
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.model_config = model_config          # written beside vLLM's / SGLang's weights
+        self.check_versions = check_versions
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._turn = itertools.count()
         self._http = LoopHTTP(self._headers, self.timeout_s)
@@ -205,7 +208,7 @@ class EndpointSampler:
                                "log-probabilities")
         if self.kind == "tryloop":
             versions = tuple(choice.get("weights_versions") or [data.get("system_fingerprint") or ""])
-            if any(v != self.announced for v in versions):
+            if self.check_versions and any(v != self.announced for v in versions):
                 raise SamplerError(f"sampler endpoint {ep.url} sampled with weights {list(versions)} but "
                                    f"{self.announced!r} was announced: refusing off-policy tokens (did "
                                    "another trainer push to it, or was it restarted?)")

@@ -163,6 +163,10 @@ def train_cmd(
     sampler_endpoints: Annotated[list[str] | None, typer.Option(
         "--sampler-endpoint", help="train.sampler.endpoints (repeat for several): model servers to sample "
                                    "from, pushed the weights of each update")] = None,
+    overlap: Annotated[bool | None, typer.Option("--overlap/--no-overlap", help="train.overlap: the next "
+                                                 "step's rollouts run while this step updates")] = None,
+    max_staleness: Annotated[int | None, typer.Option("--max-staleness", help="train.max_staleness")] = None,
+    tis_cap: Annotated[float | None, typer.Option("--tis-cap", help="train.algo.tis_cap")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Train the policy with RL in sandboxes; with no arguments, the CPU default run."""
@@ -172,5 +176,6 @@ def train_cmd(
         "train.algo.lr": lr, "train.algo.lora": lora, "train.algo.estimator": estimator,
         "train.eval_every": eval_every, "train.eval_tasks": eval_tasks, "train.seed": seed,
         "train.zone": zone, "train.refill_groups": refill_groups, "train.check_source": check_source,
-        "train.sampler.endpoints": sampler_endpoints or None})
+        "train.sampler.endpoints": sampler_endpoints or None, "train.overlap": overlap,
+        "train.max_staleness": max_staleness, "train.algo.tis_cap": tis_cap})
     run_cli(_run, cfg, resume)

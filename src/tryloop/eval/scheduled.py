@@ -54,7 +54,10 @@ class ScheduledRunner:
                               "RemoteEpisodes); this command's episodes share one in-process model")
         self.remote = remote
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.failed: list[EpisodeOutcome] = []        # of the latest run
+        self.failed: list[EpisodeOutcome] = []        # of the latest run (set as it ends)
+        # Merged into each request's payload as `meta` (what a remote runner needs besides the
+        # episode, e.g. the weights version announced for it); read when `run` submits.
+        self.payload_meta: dict[str, Any] = {}
         self.summary: dict[str, Any] = {}
         self._fns: dict[str, tuple[Any, EpisodeFn]] = {}
         self._sched: Scheduler | None = None
@@ -68,12 +71,16 @@ class ScheduledRunner:
             self._sched = Scheduler(self.remote or self._runner, self.config, registry=self.registry)
             await self._sched.start()
         sched = self._sched
-        self.failed = []
+        failed: list[EpisodeOutcome] = []
+        self.failed = failed
         ids = {r.episode_id for r in requests}
         self._fns.update({r.episode_id: (r, fn) for r in requests})
         try:
+            meta = dict(self.payload_meta)
             await sched.submit_many([EpisodeRequest(r.episode_id, r.task.id, group=r.group_id,
-                                                    sample_index=r.sample_index, payload=payload(r))
+                                                    sample_index=r.sample_index,
+                                                    payload=payload(r) | ({"meta": {**meta, **r.meta}}
+                                                                          if r.meta or meta else {}))
                                      for r in requests])
             seen: set[str] = set()
             async for outcome in sched.results():
@@ -83,15 +90,16 @@ class ScheduledRunner:
                 if outcome.ok:
                     yield outcome.result
                 else:
-                    self.failed.append(outcome)
+                    failed.append(outcome)
             await sched.drain()
             for outcome in sched.outcomes():  # any that ended before the subscription began
                 if outcome.id in ids and outcome.id not in seen:
                     if outcome.ok:
                         yield outcome.result
                     else:
-                        self.failed.append(outcome)
+                        failed.append(outcome)
             self.summary = sched.summary()
+            self.failed = failed   # concurrent runs (overlapped rollouts) each leave their own
         finally:
             for i in ids:
                 self._fns.pop(i, None)

@@ -11,6 +11,11 @@ Per token t of sequence i (only where mask == 1, the tokens the policy sampled):
   token ratios exp(mean_t(logp_new - logp_old)), clipped per sequence; every
   token of the sequence carries the sequence's loss.
 - k3 KL (Schulman's estimator, always >= 0): exp(ref - new) - (ref - new) - 1.
+- Truncated importance sampling (`is_weights`): when the tokens were sampled by
+  other weights (mu, an older version than pi_old: overlapped rollouts) each
+  token's loss is multiplied by w = min(exp(logp_old - logp_mu), C), detached
+  (`tis_weights`). The clipped ratio then keeps pi_new near pi_old, and w
+  corrects for pi_old not being the policy that sampled.
 
 Aggregation (the loss is one number per optimizer step):
 - token_mean:    sum over all tokens / number of tokens (DAPO: long answers
@@ -73,6 +78,16 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
+def tis_weights(old_logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor,
+                cap: float) -> torch.Tensor:
+    """Per-token truncated importance weights min(exp(old - behavior), cap) where mask is set (1
+    elsewhere), without gradient."""
+    with torch.no_grad():
+        m = mask.to(old_logp.dtype)
+        log_w = ((old_logp - behavior_logp.to(old_logp.dtype)) * m).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        return torch.exp(log_w).clamp(max=cap)
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -88,10 +103,14 @@ def policy_loss(
     kl_coef: float = 0.0,
     logits: torch.Tensor | None = None,
     norm: float | None = None,
+    is_weights: torch.Tensor | None = None,
+    is_cap: float | None = None,
 ) -> LossOutput:
     """Shapes: logp, old_logp, mask (B, T); advantages (B, T) or (B,); logits (B, T, V).
 
-    `norm` overrides the aggregation's denominator (see `normaliser`).
+    `norm` overrides the aggregation's denominator (see `normaliser`). `is_weights` (B, T): per-token
+    importance weights multiplying each token's loss (`tis_weights`; `is_cap` their truncation, for
+    the statistics).
     """
     m = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype)
@@ -115,6 +134,9 @@ def policy_loss(
         unit_mask = m > 0
         unit_adv = adv
 
+    if is_weights is not None:
+        per_token = per_token * is_weights.to(logp.dtype).detach()
+
     kl = None
     if ref_logp is not None:
         kl = k3(ref_logp.to(logp.dtype), logp) * m
@@ -131,6 +153,11 @@ def policy_loss(
         stats = _stats(ratio, unit_adv, unit_mask, lo, hi, log_ratio, m)
         if kl is not None:
             stats["kl"] = float(kl.sum() / m.sum().clamp(min=1))
+        if is_weights is not None:
+            tokens = m.sum().clamp(min=1)
+            stats["tis_weight_mean"] = float((is_weights * m).sum() / tokens)
+            if is_cap is not None:
+                stats["tis_truncated_frac"] = float(((is_weights >= is_cap) & (m > 0)).sum() / tokens)
         if logits is not None:
             stats["entropy"] = float((entropy(logits) * m).sum() / m.sum().clamp(min=1))
     return LossOutput(loss=loss, stats=stats)

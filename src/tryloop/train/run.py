@@ -112,6 +112,60 @@ def _check_versions(t: Trajectory, accepted: set[str]) -> None:
                            f"with {sorted(accepted)}: refusing off-policy data")
 
 
+def _raise_fatal(runner: Any) -> None:
+    """Episodes a rollout worker refused because its sampler served other weights than announced, or
+    because it runs another tryloop: the run stops, never trains around them."""
+    from tryloop.agent.endpoints import SamplerError
+    from tryloop.train.remote import FATAL
+
+    for o in getattr(runner, "failed", []):
+        reason = getattr(o.failure, "reason", "") or ""
+        if any(k in reason for k in FATAL):
+            raise SamplerError(f"episode {o.id} on a rollout worker: {reason}")
+
+
+def _set_meta(runner: Any, **meta: Any) -> None:
+    if hasattr(runner, "payload_meta"):
+        runner.payload_meta = meta
+
+
+def staleness(t: Trajectory, step: int, versions: dict[str, int]) -> int:
+    """How many weight versions the oldest token of `t` is behind the weights step `step` trains from
+    (`versions`: each version the trainer pushed -> its index; step s trains from index s). A version
+    the trainer never pushed is off-policy data nobody announced: an error."""
+    unknown = [v for v in t.weights_versions if v not in versions]
+    if unknown:
+        raise TryloopError(f"episode {t.episode_id} was sampled with weights {unknown}, which this run never "
+                           f"pushed (it pushed {sorted(versions, key=versions.get)}): refusing off-policy data")
+    if not t.weights_versions:
+        return 0
+    return step - min(versions[v] for v in t.weights_versions)
+
+
+async def _serve_learner_model(tcfg: TrainRunConfig, loaded: Any, stack: contextlib.ExitStack) -> str:
+    """scheduler.engine ray with no train.sampler.endpoints: this process serves the policy (`serve
+    model` with weight updates, on a copy of the model) to the rollout workers; returns its URL."""
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model, resolve_engine_dtype
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+
+    own = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
+    engine = Engine(own.model, own.tokenizer, max_batch=tcfg.policy.max_batch, weights_version=loaded.weights_version,
+                    dtype=resolve_engine_dtype(tcfg.policy.dtype, own.device))
+    stack.callback(engine.close)
+    sc = tcfg.sampler
+    scfg = ServeModelConfig(host=sc.serve_host, port=sc.serve_port, weight_updates=True, access_log=None,
+                            auth_token_env=sc.api_key_env, model=tcfg.policy.name)
+    url = stack.enter_context(model_server_in_thread(engine, scfg))
+    if sc.serve_host in ("0.0.0.0", "::"):
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        url = f"http://{host}:{url.rsplit(':', 1)[1]}"
+    return url
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -206,14 +260,32 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     require_approved(GateRecords(cfg.rewards.gate_dir), spec_ver)
 
     loaded = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
+    on_ray = cfg.scheduler.engine == "ray"
+    served = contextlib.ExitStack()
     remote = endpoint_sampler(tcfg, loaded)     # None: the in-process engine
+    if on_ray and remote is None:
+        # Rollout workers sample over HTTP: the learner's process serves its model to them.
+        from tryloop.agent.endpoints import EndpointSampler
+
+        try:
+            url = await _serve_learner_model(tcfg, loaded, served)
+        except BaseException:
+            served.close()
+            raise
+        key = os.environ.get(tcfg.sampler.api_key_env, "") if tcfg.sampler.api_key_env else None
+        remote = EndpointSampler([url], api_key=key or None, timeout_s=tcfg.sampler.timeout_s, retries=0,
+                                 weights_dir=tcfg.sampler.weights_dir)
     # Sampling elsewhere, the loaded model is the learner's (only its tokenizer and version are
     # the policy's); in-process, the engine owns one copy and the learner another.
     learner_model = loaded.model if remote is not None else \
         (await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)).model
     learner = Learner(learner_model, tcfg.algo, tokenizer=loaded.tokenizer)
     if remote is not None:
-        await remote.connect(loaded.weights_version, check_version=ckpt is None)
+        try:
+            await remote.connect(loaded.weights_version, check_version=ckpt is None)
+        except BaseException:
+            served.close()
+            raise
         emit("log", {"message": f"sampling from {len(remote.endpoints)} {tcfg.sampler.kind} endpoint(s): "
                                 f"{', '.join(ep.url for ep in remote.endpoints)}; each update's weights go "
                                 f"{'through ' + str(tcfg.sampler.weights_dir) if tcfg.sampler.weights_dir else 'over HTTP'}"})
@@ -222,7 +294,6 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     rollout_threads = tcfg.rollout_threads if learner.device.type == "cpu" and tcfg.rollout_threads else all_threads
     torch.set_num_threads(rollout_threads)
     trajectories = TrajectoryStore(cfg.store.trajectories_url)
-    served = contextlib.ExitStack()
     metrics = served.enter_context(serve_metrics(cfg.telemetry))
     if metrics.url:
         emit("log", {"message": f"metrics: {metrics.url}"})
@@ -230,8 +301,18 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     served.enter_context(live_state(run_dir, metrics.registry))   # state.json, read by the dashboard
     envs = Environments(runtime, registry=metrics.registry)
     own_runner = runner is None
+    if runner is None and on_ray:
+        # Episodes run in rollout-worker actors on the Ray nodes, sampling from the same endpoints.
+        from tryloop.train.remote import RemoteTrainEpisodes
+
+        assert remote is not None
+        key = remote._headers.get("Authorization", "").removeprefix("Bearer ") or None
+        workers = RemoteTrainEpisodes(cfg, tcfg, [ep.url for ep in remote.endpoints], kind=remote.kind, api_key=key)
+        runner = ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), remote=workers, registry=metrics.registry)
+        emit("log", {"message": "episodes run on Ray rollout workers"})
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), registry=metrics.registry)
     result = TrainResult(run_dir, 0)
+    pending: asyncio.Task[Any] | None = None     # the next step's rollout, overlapping this step's update
     try:
         # The learning zone of the initial weights (measured once, kept in the task store).
         prior: dict[str, float] = {}
@@ -241,10 +322,13 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
             emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
+            _set_meta(runner, weights=policy.version)
             counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
                                    temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=tcfg.seed,
                                    on_done=lambda t: emit("zone_episode", {"trajectory": t}))
+            _set_meta(runner)
+            _raise_fatal(runner)
             if remote is not None:
                 remote.check()   # a sampler failure would read as tasks the model cannot do
             train_tasks, eval_tasks = in_zone(train_all, counts, band), in_zone(eval_all, counts, band)
@@ -289,10 +373,15 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 return
             run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
-            with sampling_temperature(policy, temperature):
-                res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
-                                     runner=runner, spec=spec,
-                                     on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+            _set_meta(runner, weights=policy.version, temperature=temperature)   # what Ray workers sample with
+            try:
+                with sampling_temperature(policy, temperature):
+                    res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
+                                         runner=runner, spec=spec,
+                                         on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+            finally:
+                _set_meta(runner)
+            _raise_fatal(runner)
             if remote is not None:
                 remote.check()   # never an evaluation row from episodes a sampler failure ended
             row = _eval_row(step, name, run_id, k, temperature, res.summary, res.trajectories)
@@ -313,45 +402,83 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             if check_tasks and (-1, tcfg.check_source) not in done_evals:
                 await evaluation(-1, tcfg.check_source or "check", check_tasks, 1, 0.0)
 
-        for step in range(start, tcfg.steps):
-            t_step = time.perf_counter()
-            stored = {t.episode_id: t for t in trajectories.read(run_id=tcfg.run_id, step=step)}
-            trajs: list[Trajectory] = []
+        # Every weights version this run pushed -> its index (step s trains from index s).
+        versions = {loaded.weights_version: 0, **{f"step-{j}": j + 1 for j in range(start)}}
+        ready: dict[int, asyncio.Event] = {}
 
-            async def rollout(groups: list[tuple[int, str]], step: int = step,
-                              stored: dict[str, Trajectory] = stored) -> list[Trajectory]:
+        def version_ready(index: int) -> asyncio.Event:
+            ev = ready.setdefault(index, asyncio.Event())
+            if index <= max(versions.values()):
+                ev.set()
+            return ev
+
+        async def collect(step: int) -> tuple[list[Trajectory], int, dict[str, Any]]:
+            """The step's episodes: its groups (stored ones read back), refills, staleness checked."""
+            t_start = time.perf_counter()
+            stored = {t.episode_id: t for t in trajectories.read(run_id=tcfg.run_id, step=step)}
+            info: dict[str, Any] = {"stale_dropped": 0, "staleness": []}
+
+            def accept(t: Trajectory, announced: str) -> bool:
+                """Synchronous: only the announced weights. Overlapped: any weights this run pushed,
+                at most max_staleness versions behind (False: drop it and sample it again)."""
+                if not tcfg.overlap:
+                    _check_versions(t, {announced})
+                    info["staleness"].append(0)
+                    return True
+                st = staleness(t, step, versions)
+                if st > tcfg.max_staleness:
+                    info["stale_dropped"] += 1
+                    return False
+                info["staleness"].append(st)
+                return True
+
+            async def rollout(groups: list[tuple[int, str]]) -> list[Trajectory]:
                 requests = [EpisodeRequest(f"{tcfg.run_id}:{step}:{fp[:16]}:{g}:{i}", by_fp[fp], sample_index=i,
                                            run_id=tcfg.run_id, step=step, group_id=f"{step}:{g}:{fp[:16]}",
                                            seed=episode_seed(tcfg.seed, step, fp, g * 1000 + i))
                             for g, fp in groups for i in range(tcfg.group_size)]
-                out = [stored[r.episode_id] for r in requests if r.episode_id in stored]
-                announced = policy.version      # the weights the step samples with
-                for t in out:                   # read back after an interruption: the same weights
-                    _check_versions(t, {announced})
+                announced = policy.version      # the weights the step samples with (synchronous)
+                out = [stored[r.episode_id] for r in requests
+                       if r.episode_id in stored and accept(stored[r.episode_id], announced)]
                 todo = [r for r in requests if r.episode_id not in stored]
                 emit("rollout", {"step": step, "total": len(requests), "done": len(out)})
 
                 async def one(req: EpisodeRequest, hooks) -> Trajectory:
                     return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, hooks=hooks)
 
-                async for t in runner.run(todo, one):
-                    if remote is not None and remote.failure is not None:
-                        continue   # an episode the failure ended: never stored, never trained on
-                    _check_versions(t, {announced})
-                    await asyncio.to_thread(trajectories.write, [t])   # durable before counted
-                    out.append(t)
-                    emit("episode", {"step": step, "trajectory": t})
-                if remote is not None:
-                    remote.check()   # a sampler endpoint down or serving other weights: stop here
-                failed = getattr(runner, "failed", [])
-                if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
-                    emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
-                                            f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
+                while todo:
+                    if on_ray:   # what the rollout worker accepts: the announced weights (overlapped: any
+                        # this run pushes, checked here); the policy's own temperature
+                        for r in todo:
+                            r.meta = {"weights": None if tcfg.overlap else announced, "version": policy.version,
+                                      "temperature": None}
+                    by_id = {r.episode_id: r for r in todo}
+                    again: list[EpisodeRequest] = []
+                    async for t in runner.run(todo, one):
+                        if remote is not None and remote.failure is not None:
+                            continue   # an episode the failure ended: never stored, never trained on
+                        if not accept(t, announced):
+                            again.append(by_id[t.episode_id])   # too stale: sampled again, never stored
+                            continue
+                        await asyncio.to_thread(trajectories.write, [t])   # durable before counted
+                        out.append(t)
+                        emit("episode", {"step": step, "trajectory": t})
+                    _raise_fatal(runner)
+                    if remote is not None:
+                        remote.check()   # a sampler endpoint down or serving other weights: stop here
+                    failed = getattr(runner, "failed", [])
+                    if failed:   # retries spent (infrastructure) or terminal: the step trains on the rest
+                        emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
+                                                f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
+                    if again:    # once this step's weights are out, nothing sampled after is stale
+                        await version_ready(step - tcfg.max_staleness).wait()
+                    todo = again
                 for t in sorted(out, key=lambda t: t.episode_id):
                     if t.verdict in ("pass", "fail"):
                         curriculum.record(t.task_fingerprint, t.verdict == "pass")
                 return out
 
+            trajs: list[Trajectory] = []
             fps = curriculum.sample(tcfg.tasks_per_step)
             trajs += await rollout(list(enumerate(fps)))
             # DAPO dynamic sampling: groups whose rewards were all equal teach nothing; replace them
@@ -364,17 +491,35 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 trajs += await rollout([(tcfg.tasks_per_step + refills + j, fp) for j, fp in enumerate(extra)])
                 refills += n
             trajs.sort(key=lambda t: t.episode_id)   # completion order must not change the update
+            info["rollout_s"] = time.perf_counter() - t_start
+            return trajs, refills, info
+
+        for step in range(start, tcfg.steps):
+            t_step = time.perf_counter()
+            if pending is not None:
+                trajs, refills, info = await pending
+                pending = None
+            else:
+                trajs, refills, info = await collect(step)
+            waited_s = time.perf_counter() - t_step
+            # The curriculum as this step leaves it (before the next step draws): what its checkpoint keeps.
+            cur_state = json.loads(json.dumps(curriculum.state()))
             adv = compute_advantages(trajs, tcfg.algo)
             for fp in {t.task_fingerprint for t in trajs}:
                 ts = [t for t in trajs if t.task_fingerprint == fp and t.verdict in ("pass", "fail")]
                 if ts:
                     store.record_pass_rate(fp, f"{tcfg.run_id}", sum(t.verdict == "pass" for t in ts), len(ts))
+            if tcfg.overlap and step + 1 < tcfg.steps and not (stop_after_step is not None and step >= stop_after_step):
+                pending = asyncio.create_task(collect(step + 1), name=f"tryloop-rollout-{step + 1}")
+                await asyncio.sleep(0)   # let it submit its episodes before the update takes the cores
             t0 = time.perf_counter()
-            rollout_s = t0 - t_step
+            rollout_s = info["rollout_s"]
             torch.set_num_threads(all_threads)      # nothing else runs during the update
             # The update makes the engine's cached prefixes and weights stale: free both before it
-            # (the engine gets its weights back from the learner after it), not after.
-            await policy.engine.park()
+            # (the engine gets its weights back from the learner after it), not after — unless the
+            # next step's rollout is sampling from it right now.
+            if pending is None:
+                await policy.engine.park()
             memory.release()
             try:
                 with memory.lean_heap():
@@ -386,6 +531,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     t_push = time.perf_counter()
                     await policy.engine.update_weights(weights, version=f"step-{step}")
                     push_s = time.perf_counter() - t_push
+                    versions[f"step-{step}"] = step + 1
+                    version_ready(step + 1).set()
                     del weights
             finally:
                 torch.set_num_threads(rollout_threads)
@@ -394,6 +541,11 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                 step_s=time.perf_counter() - t_step)
             row["time_push_s"] = push_s   # the new weights to the sampler (in memory or over HTTP)
             row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
+            if tcfg.overlap:
+                st = info["staleness"]
+                row |= {"time_rollout_wait_s": waited_s, "stale_dropped": info["stale_dropped"],
+                        "staleness_max": max(st, default=0),
+                        "staleness_mean": statistics.fmean(st) if st else 0.0}
             _append_jsonl(metrics_path, row)
             for name, gauge in gauges.items():
                 if isinstance(row.get(name), (int, float)):
@@ -402,13 +554,16 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
                 await evaluations(step, final=step == tcfg.steps - 1)
             await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
-                                    {"curriculum": curriculum.state(), "manifest": manifest},
+                                    {"curriculum": cur_state, "manifest": manifest},
                                     tcfg.keep_checkpoints)
             result.steps_done = step + 1
             emit("step", row)
             if stop_after_step is not None and step >= stop_after_step:
                 break
     finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         if own_runner:
             await runner.aclose()
         await envs.close()

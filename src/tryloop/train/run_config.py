@@ -41,6 +41,12 @@ class SamplerConfig(_Model):
     retries: int = Field(1, ge=0, description="a completion an endpoint did not answer (down, timeout, "
                                               "5xx) is sent to the next endpoint up to this many times; "
                                               "then the run stops with an error naming them")
+    serve_host: str = Field("127.0.0.1", description="scheduler.engine ray with no endpoints: the learner's "
+                                                     "process serves its model (`serve model` with weight "
+                                                     "updates) on this address for the rollout workers; "
+                                                     "0.0.0.0 for workers on other machines (announced as "
+                                                     "the node's IP; set api_key_env)")
+    serve_port: int = Field(0, ge=0, le=65535, description="port of that server (0: any free port)")
 
 
 class TrainRunConfig(_Model):
@@ -90,6 +96,14 @@ class TrainRunConfig(_Model):
                                      "start and the end: its held-out tasks of this source (a regression "
                                      "check: what training must not break); None: no check")
     check_tasks: int | None = Field(None, ge=1, description="tasks of the check set (None: all held-out)")
+    overlap: bool = Field(False, description="the next step's rollouts run while this step updates (off: "
+                                             "the synchronous loop). Trajectories more than max_staleness "
+                                             "weight versions behind the learner are dropped and sampled "
+                                             "again; algo.tis_cap corrects the rest (2.0 unless set)")
+    max_staleness: int = Field(1, ge=0, description="with overlap: how many weight versions a trajectory's "
+                                                    "oldest token may be behind the weights it is trained "
+                                                    "from; older ones are dropped and sampled again "
+                                                    "(metrics: stale_dropped)")
     keep_checkpoints: int = Field(2, ge=1)
     run_id: str = Field("train", description="runs_dir/<run_id> holds checkpoints, metrics and the report")
     seed: int = 0
@@ -113,6 +127,12 @@ class TrainRunConfig(_Model):
         if self.sampler.kind != "tryloop" and self.sampler.endpoints and not self.sampler.weights_dir:
             raise ValueError(f"train.sampler.kind {self.sampler.kind} loads weights from a shared path: set "
                              "train.sampler.weights_dir")
+        if self.overlap and self.sampler.endpoints and self.sampler.kind != "tryloop":
+            raise ValueError(f"train.overlap samples during weight pushes, and a {self.sampler.kind} server does "
+                             "not say which weights sampled each completion: its versions could not be "
+                             "trusted. Use tryloop's server (train.sampler.kind: tryloop) or no overlap")
+        if self.overlap and a.tis_cap is None:
+            object.__setattr__(self, "algo", a.model_copy(update={"tis_cap": 2.0}))   # frozen model
         if self.zone_lo > self.zone_hi:
             raise ValueError(f"train.zone_lo ({self.zone_lo}) is above train.zone_hi ({self.zone_hi})")
         return self

@@ -28,7 +28,7 @@ from tryloop.agent.hf import bf16_supported
 from tryloop.agent.trajectory import Trajectory
 from tryloop.train.batch import Batch, collate
 from tryloop.train.config import TrainConfig
-from tryloop.train.losses import normaliser, policy_loss
+from tryloop.train.losses import normaliser, policy_loss, tis_weights
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -131,12 +131,12 @@ class Learner:
                                         use_cache=False).last_hidden_state[:, :-1]
         return hidden, base.get_output_embeddings()
 
-    def _forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+    def _forward(self, model: nn.Module, batch: Batch, temperature: float | None = None) -> torch.Tensor:
         """New logprobs (B, T-1) of the target tokens where the loss mask is set (0 elsewhere); the
         output projection sees only those tokens (`selected_logprobs`)."""
         hidden, head = self._hidden(model, batch)
         return selected_logprobs(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
-                                 self.config.temperature)
+                                 self.config.temperature if temperature is None else temperature)
 
     @torch.no_grad()
     def _entropy(self, model: nn.Module, batch: Batch) -> float:
@@ -204,6 +204,19 @@ class Learner:
         # (its detached log-probabilities): no extra pass. With several, one no-grad pass first, so
         # every mini-batch's ratio is measured from the same weights.
         same_pass = cfg.old_logprobs == "recompute" and len(plan) == 1
+        # Truncated importance sampling: the sampler's log-probabilities (the trajectories' own, raw at
+        # temperature 1) against the learner's pi_old on the same scale.
+        tis = cfg.tis_cap is not None and cfg.old_logprobs == "recompute"
+        behavior: dict[int, torch.Tensor] = {}
+        learner_raw: dict[int, torch.Tensor] = {}
+        if tis:
+            for b in (b for mini in plan for b in mini):
+                behavior[id(b)] = b.old_logprobs.clone()
+            if cfg.temperature != 1.0:     # pi_old at the sampler's log-probability scale: one more pass
+                self.model.eval()
+                with torch.no_grad():
+                    for b in (b for mini in plan for b in mini):
+                        learner_raw[id(b)] = self._forward(self.model, b, temperature=1.0).float() * b.loss_mask
         if cfg.old_logprobs == "recompute" and not same_pass:
             self.model.eval()
             with torch.no_grad():
@@ -222,10 +235,14 @@ class Learner:
                 logp = self._forward(self.model, b)
                 if same_pass:
                     b.old_logprobs = logp.detach() * b.loss_mask
+                w = None
+                if tis:
+                    old = learner_raw.get(id(b), b.old_logprobs)
+                    w = tis_weights(old, behavior[id(b)], b.loss_mask, cfg.tis_cap)  # type: ignore[arg-type]
                 out = policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                                   aggregation=cfg.aggregation, loss_const=const, gspo=cfg.gspo,
-                                  ref_logp=ref, kl_coef=cfg.kl_coef, norm=z)
+                                  ref_logp=ref, kl_coef=cfg.kl_coef, norm=z, is_weights=w, is_cap=cfg.tis_cap)
                 out.loss.backward()
                 step_loss += float(out.loss.detach())
                 if cfg.log_entropy:

@@ -1,0 +1,165 @@
+"""Training episodes a Ray rollout worker can run (`scheduler.engine: ray`).
+
+    ScheduledRunner(config with engine="ray", remote=RemoteTrainEpisodes(cfg, tcfg, endpoints, ...))
+
+Like `tryloop.eval.remote.RemoteEpisodes`, only configuration travels: the worker
+builds its sandbox runtime, warm pools and task-store client on its node the first
+time it is called. Its policy samples from the trainer's sampler endpoints (the
+learner's own `serve model` server, or `train.sampler.endpoints`) through an
+`EndpointSampler`, so its sessions are token-exact exactly as on the local engine
+and the trajectory that comes back is the one the learner trains on.
+
+Weights: each request's payload says which weights version the trainer announced
+for it (`meta.weights`); a completion sampled with any other version fails the
+episode with a `SamplerError`, which the trainer turns into a stop. With no
+announced version (overlapped rollouts, where a push may land mid-episode) the
+worker records the versions and the trainer checks every one against the
+versions it pushed.
+
+A worker whose tryloop differs from the trainer's (`tryloop.__version__` or the
+hash of the package's source) refuses every episode with a
+`WorkerVersionMismatch`, which the trainer also turns into a stop.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from tryloop.config import TryloopConfig
+from tryloop.errors import TryloopError
+
+#: The reason prefixes of episode failures that stop a training run (never trained around).
+FATAL = ("SamplerError", "WorkerVersionMismatch")
+
+
+class WorkerVersionMismatch(TryloopError):
+    """A rollout worker runs another tryloop than the trainer."""
+
+    failure_kind = "policy"
+    retryable = False
+
+
+class _Fatal(TryloopError):
+    """A sampler failure on a worker, carried back as a terminal episode failure."""
+
+    failure_kind = "policy"
+    retryable = False
+
+
+@functools.cache
+def code_hash() -> str:
+    """sha256 (16 hex) of tryloop's own Python source: two processes with the same hash run the same code."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root)
+        if rel.parts[0] == "assets":
+            continue
+        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def code_identity() -> dict[str, str]:
+    import tryloop
+
+    return {"version": tryloop.__version__, "code": code_hash()}
+
+
+class _Pinned:
+    """The worker's shared `EndpointSampler`, accepting only `accept` (None: any version) for one episode."""
+
+    def __init__(self, sampler: Any, accept: str | None, label: str | None = None):
+        self.sampler, self.accept, self.label = sampler, accept, label
+        self.failure: Exception | None = None
+        self.max_context = sampler.max_context
+
+    @property
+    def weights_version(self) -> str:
+        return self.accept or self.label or self.sampler.announced
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
+        from tryloop.agent.endpoints import SamplerError
+
+        try:
+            sample = await self.sampler.generate(prompt_ids, **kw)
+        except SamplerError as e:
+            self.failure = e
+            raise
+        if self.accept is not None and any(v != self.accept for v in sample.weights_versions):
+            self.failure = SamplerError(
+                f"sampler endpoint {sample.endpoint} sampled with weights {list(sample.weights_versions)} but "
+                f"{self.accept!r} was announced: refusing off-policy tokens")
+            raise self.failure
+        return sample
+
+
+class RemoteTrainEpisodes:
+    def __init__(self, cfg: TryloopConfig, tcfg: Any, endpoints: list[str], *, kind: str = "tryloop",
+                 api_key: str | None = None):
+        self.cfg, self.tcfg, self.endpoints, self.kind, self.api_key = cfg, tcfg, endpoints, kind, api_key
+        self.identity = code_identity()      # the trainer's; each worker compares its own
+        self._live: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_live"] = None
+        return state
+
+    async def _build(self) -> dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        from tryloop.agent.endpoints import EndpointSampler
+        from tryloop.agent.environments import Environments
+        from tryloop.agent.hf import BUNDLED, ensure_converted
+        from tryloop.sandbox import SandboxRuntime
+        from tryloop.tasks.store import TaskStore
+        from tryloop.train.zone import sampler_policy
+
+        mine = code_identity()
+        if mine != self.identity:
+            raise WorkerVersionMismatch(f"this rollout worker runs tryloop {mine['version']} (code {mine['code']}) "
+                                        f"but the trainer runs {self.identity['version']} (code "
+                                        f"{self.identity['code']}): install the same tryloop on every node")
+        tc = self.tcfg
+        name = tc.policy.name
+        # Sampling happens on the endpoints: the worker needs only the tokenizer (the chat template).
+        path = ensure_converted(name)[0] if name in BUNDLED else name
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(str(path)).is_dir())
+        sampler = EndpointSampler(self.endpoints, kind=self.kind, api_key=self.api_key,  # type: ignore[arg-type]
+                                  timeout_s=tc.sampler.timeout_s, retries=tc.sampler.retries,
+                                  weights_dir=tc.sampler.weights_dir, check_versions=False)
+        await sampler.connect("", check_version=False)
+        loaded = SimpleNamespace(tokenizer=tokenizer, name=name, weights_version="")
+        return {"envs": Environments(SandboxRuntime(self.cfg.runtime)), "sampler": sampler,
+                "policy": sampler_policy(loaded, tc, engine=sampler), "store": TaskStore(self.cfg.tasks.store_url),
+                "tasks": {}}
+
+    async def __call__(self, sreq: Any, ctx: Any) -> Any:
+        from tryloop.agent.episode import EpisodeRequest, run_episode
+        from tryloop.eval.scheduled import hooks
+
+        if self._live is None:
+            self._live = await self._build()
+        live, p = self._live, sreq.payload
+        task = live["tasks"].get(p["task"])
+        if task is None:
+            task = live["tasks"][p["task"]] = live["store"].get(p["task"])
+        meta = p.get("meta") or {}
+        pinned = _Pinned(live["sampler"], meta.get("weights"), meta.get("version"))
+        policy = copy.copy(live["policy"])
+        policy.engine = pinned
+        temperature = meta.get("temperature")
+        if temperature is not None:       # an evaluation's own temperature
+            policy.temperature = temperature
+        req = EpisodeRequest(sreq.id, task, sample_index=p["sample"], run_id=p["run"], step=p["step"],
+                             seed=p["seed"], group_id=p["group"])
+        traj = await run_episode(req, policy, live["envs"], limits=self.tcfg.limits, spec=self.cfg.rewards.spec,
+                                 hooks=hooks(ctx))
+        if pinned.failure is not None:    # the episode's tokens are not the announced policy's: never trained on
+            raise _Fatal(f"SamplerError: {pinned.failure}")
+        return traj
