@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ray
-from ray.cluster_utils import Cluster
-
+from ray_cluster import local_cluster
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop.agent.environments import Environments
 from tryloop.config import TryloopConfig
@@ -22,12 +20,7 @@ async def test_oracle_evaluation_runs_on_ray_workers(runtime, runtime_config, re
         store.add(t)
     cfg = TryloopConfig.model_validate({"runtime": runtime_config.model_dump(),
                                         "tasks": {"store_url": str(tmp_path / "tasks")}})
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(2):
-        c.add_node(num_cpus=1, resources={"sandbox_host": 1})
-    ray.init(address=c.address, log_to_driver=False)
-    try:
-        c.wait_for_nodes()
+    with local_cluster(2):
         sched = SchedulerConfig(engine="ray", ray=RayConfig(host_resource="sandbox_host", episodes_per_host=2),
                                 admission=AdmissionConfig(adaptive=False, initial=4, max=4))
         remote = RemoteEpisodes(cfg, PolicyConfig(name="oracle"), EpisodeLimits())
@@ -37,9 +30,6 @@ async def test_oracle_evaluation_runs_on_ray_workers(runtime, runtime_config, re
         res = await evaluate(tasks, None, envs, cfg=EvalConfig(k=2), run_id="ray", runner=runner)
         await runner.aclose()
         await envs.close()
-    finally:
-        ray.shutdown()
-        c.shutdown()
     assert len(res.trajectories) == 4 and not runner.failed
     assert all(t.verdict == "pass" and t.policy == "oracle" for t in res.trajectories)
     assert res.summary.pass_at_1.value == 1.0 and runner.summary["engine"] == "ray"

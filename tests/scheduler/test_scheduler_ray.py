@@ -6,9 +6,8 @@ import asyncio
 from collections import Counter
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
+from ray_cluster import local_cluster
 from tryloop.scheduler import (
     AdmissionConfig,
     EpisodeRequest,
@@ -25,13 +24,8 @@ WORLD = SimConfig(turns=(2, 3), tool_cpu_s=0.1, verify_cpu_s=0.1, provision_s=0.
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=1, resources={"sandbox_host": 1}) for _ in range(3)]
-    ray.init(address=c.address, log_to_driver=False)
-    c.wait_for_nodes()
-    yield c, nodes
-    ray.shutdown()
-    c.shutdown()
+    with local_cluster(3) as (c, nodes):
+        yield c, nodes
 
 
 def ray_config(**kw) -> SchedulerConfig:

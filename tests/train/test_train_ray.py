@@ -10,10 +10,9 @@ import json
 from collections import Counter
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 from test_run import train_root, write_config  # noqa: F401  (the module-scoped store + gate fixture)
 
+from ray_cluster import local_cluster
 from tryloop.config import load_yaml
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.train import checkpoint
@@ -25,13 +24,8 @@ RAY = {"engine": "ray", "ray": {"host_resource": "sandbox_host", "episodes_per_h
 
 @pytest.fixture
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=1, resources={"sandbox_host": 1}) for _ in range(2)]
-    ray.init(address=c.address, log_to_driver=False)
-    c.wait_for_nodes()
-    yield c, nodes
-    ray.shutdown()
-    c.shutdown()
+    with local_cluster(2) as (c, nodes):
+        yield c, nodes
 
 
 # Short answers keep each step to seconds on two shared cores (the episodes are real all the same).
