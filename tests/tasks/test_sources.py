@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from git_repos import commit_all, sh, take_patch
 
 from tryloop.tasks.model import Task, TaskMeta, tree_hash
 from tryloop.tasks.sources import (
@@ -37,19 +38,12 @@ from tryloop.tasks.sources import (
     task_from_instance,
 )
 from tryloop.tasks.sources.humaneval import TEST_FILE, TEST_ID, stub_source
-from tryloop.tasks.sources.local import GIT_IDENTITY, git_env
+from tryloop.tasks.sources.local import git_env
 from tryloop.tasks.testrun import run_tests
 
 DATA = Path(__file__).parent / "data"
 # A small pure-Python package whose own suite (626 tests) passes offline in a few seconds.
 PYPI_SPEC = "more-itertools==10.2.0"
-
-
-def sh(cwd: Path, *args: str) -> str:
-    """Run git in `cwd` with a fixed identity (commits, tags, stashes need one)."""
-    res = subprocess.run(["git", *args], cwd=cwd, env=git_env(GIT_IDENTITY), capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -479,16 +473,12 @@ def swe_instance(tmp_path) -> tuple[dict, Path]:
     sh(r, "init", "-q", "--initial-branch=main")
     write(r, {"seqtools/__init__.py": "from seqtools.core import chunks, flatten\n",
               "seqtools/core.py": CORE, "tests/test_core.py": TESTS, "README.md": "seqtools\n"})
-    sh(r, "add", "-A")
-    sh(r, "commit", "-qm", "base")
-    base = sh(r, "rev-parse", "HEAD").strip()
+    base = commit_all(r, "base")
     (r / "NEWS.md").write_text("a later commit, not part of the base\n")
-    sh(r, "add", "-A")
-    sh(r, "commit", "-qm", "later")
+    commit_all(r, "later")
     # the gold fix
     (r / "seqtools/core.py").write_text(CORE.replace("len(seq) - size + 1", "len(seq)"))
-    patch = sh(r, "diff")
-    sh(r, "checkout", "--", ".")
+    patch = take_patch(r)
     # the test patch: a changed test file and a new one
     (r / "tests/test_core.py").write_text(TESTS + textwrap.dedent("""
 

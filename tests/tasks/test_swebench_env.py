@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from git_repos import commit_all, sh, take_patch
 
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import verify
@@ -23,7 +24,6 @@ from tryloop.sandbox.catalog import resolve
 from tryloop.tasks.gate import GateConfig, validate
 from tryloop.tasks.harness import task_snapshot
 from tryloop.tasks.model import Task
-from tryloop.tasks.sources.local import GIT_IDENTITY
 from tryloop.tasks.sources.swebench import (
     build_environment,
     environment_requirements,
@@ -35,11 +35,6 @@ from tryloop.tasks.sources.swebench import (
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel sandbox needs root")
 
 DEP = "tinydep_tryloop"  # not in tryloop's own environment: only the image has it
-
-
-def sh(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_IDENTITY}).stdout
 
 
 def wheel(dest: Path, name: str = DEP, version: str = "1.0") -> Path:
@@ -75,19 +70,13 @@ def make_repo(root: Path, imports: str, call: str, requirement: str) -> tuple[Pa
     (r / "tests").mkdir()
     (r / "tests/test_core.py").write_text(tests)
     (r / "requirements.txt").write_text(f"# runtime\n{requirement}\n-e .\n")
-    sh(r, "add", "-A")
-    sh(r, "commit", "-qm", "base")
-    first = sh(r, "rev-parse", "HEAD").strip()
+    first = commit_all(r, "base")
     (r / "README.md").write_text("a later commit, the bug still there\n")
-    sh(r, "add", "-A")
-    sh(r, "commit", "-qm", "later")
-    second = sh(r, "rev-parse", "HEAD").strip()
+    second = commit_all(r, "later")
     (r / "app/core.py").write_text(core.replace("[:-1]", ""))
-    patch = sh(r, "diff")
-    sh(r, "checkout", "--", ".")
+    patch = take_patch(r)
     (r / "tests/test_core.py").write_text(tests + "\n\ndef test_bang():\n    assert greet('ada') == 'HELLO, ADA!'\n")
-    test_patch = sh(r, "diff")
-    sh(r, "checkout", "--", ".")
+    test_patch = take_patch(r)
     common = {"repo": "acme/greeter", "version": "1.0", "problem_statement": "greet() drops the '!'\n",
               "patch": patch, "test_patch": test_patch, "FAIL_TO_PASS": ["tests/test_core.py::test_bang"],
               "PASS_TO_PASS": ["tests/test_core.py::test_prefix"]}
@@ -105,9 +94,7 @@ def test_which_dependencies_an_instance_declares(tmp_path):
                                       '[project.optional-dependencies]\ntest = ["iniconfig"]\ndocs = ["sphinx"]\n')
     (r / "setup.cfg").write_text("[options]\ninstall_requires =\n    idna\n[options.extras_require]\n"
                                  "testing =\n    pluggy\n")
-    sh(r, "add", "-A")
-    sh(r, "commit", "-qm", "setup")
-    setup = sh(r, "rev-parse", "HEAD").strip()
+    setup = commit_all(r, "setup")
     (r / "requirements.txt").write_text("something-else\n")
     sh(r, "commit", "-qam", "later")
     base = sh(r, "rev-parse", "HEAD").strip()
