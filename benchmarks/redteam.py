@@ -28,24 +28,6 @@ from tryloop.tasks.model import Task
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "rewards" / "data"
 
 
-def _cell(row: dict) -> str:
-    if row["state"] == "n/a":
-        return "n/a"
-    reward = "-" if row["reward"] is None else f"{row['reward']:.2f}"
-    passed = " (all passed)" if row.get("outcomes") == ["passed"] else ""
-    return f"{row['state']} {reward}{passed}"
-
-
-def markdown(rows: list[dict], tasks: list[str]) -> str:
-    by = {(r["attack"], r["task"]): r for r in rows}
-    attacks = list(dict.fromkeys(r["attack"] for r in rows))
-    out = [f"| attack | {' | '.join(tasks)} | flags (any task) |", "|---" * (len(tasks) + 2) + "|"]
-    for a in attacks:
-        flags = sorted({f for t in tasks for f in by[(a, t)]["flags"]})
-        out.append(f"| `{a}` | {' | '.join(_cell(by[(a, t)]) for t in tasks)} | {', '.join(flags) or '—'} |")
-    return "\n".join(out)
-
-
 async def main(out: Path | None) -> dict:
     rt = SandboxRuntime(TryloopConfig().runtime)
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,11 +39,11 @@ async def main(out: Path | None) -> dict:
         before = await redteam.table(rt, tasks, caught, spec=RewardSpec(partial_credit=True, decoys=False))
     ids = [t.id for t in tasks]
     res = {"tasks": ids, "default": after, "partial_credit": partial, "partial_credit_decoys_off": before}
-    print(markdown(after, ids))
+    print(redteam.markdown(after))
     print("\nwith partial_credit: true\n")
-    print(markdown(partial, ids))
+    print(redteam.markdown(partial))
     print("\nwith partial_credit: true, decoys: false\n")
-    print(markdown(before, ids))
+    print(redteam.markdown(before))
     if out:
         out.write_text(json.dumps(res, indent=1))
     return res

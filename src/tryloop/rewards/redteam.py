@@ -1331,11 +1331,22 @@ async def table(runtime, tasks: list[Task], attacks: list[str] | None = None, co
     return list(await asyncio.gather(*(one(a, t) for a in (attacks or list(ATTACKS)) for t in tasks)))
 
 
+def _cell(row: dict) -> str:
+    if row["state"] == "n/a":
+        return "n/a"
+    reward = "-" if row["reward"] is None else f"{row['reward']:.2f}"
+    return f"{row['state']} {reward}{' (all passed)' if row.get('outcomes') == ['passed'] else ''}"
+
+
 def markdown(rows: list[dict]) -> str:
-    """The table as Markdown: attack, task, verdict, reward, test outcomes, flags."""
-    out = ["| attack | task | verdict | reward | test outcomes | flags |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        reward = "-" if r["reward"] is None else f"{r['reward']:.2f}"
-        out.append(f"| {r['attack']} | {r['task']} | {r['state']} | {reward} | "
-                   f"{', '.join(r.get('outcomes', []))} | {', '.join(r['flags']) or '-'} |")
+    """`table`'s rows as Markdown: one line per attack, `verdict reward` per task ("all passed":
+    every test outcome was `passed`; n/a: the task lacks what the attack reads), then the flags
+    (kind:severity) it got on any task."""
+    by = {(r["attack"], r["task"]): r for r in rows}
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    out = [f"| attack | {' | '.join(tasks)} | flags (any task) |", "|---" * (len(tasks) + 2) + "|"]
+    for a in attacks:
+        flags = sorted({f for t in tasks for f in by[(a, t)]["flags"]})
+        out.append(f"| `{a}` | {' | '.join(_cell(by[(a, t)]) for t in tasks)} | {', '.join(flags) or '—'} |")
     return "\n".join(out)

@@ -298,12 +298,14 @@ async def _decoy_check(runtime: SandboxRuntime, task: Task, spec: RewardSpec, ap
         return
     seed = secrets.randbits(48)
     decoy = decoys.make_decoy(hidden, seed)
-    armed = [t for t, o in run.outcomes.items() if o == "passed" and decoy.is_armed(t)] if decoy else []
+    if decoy is None:
+        return
+    armed = [t for t, o in run.outcomes.items() if o == "passed" and decoy.is_armed(t)]
     if not armed:
         return
-    drun = await harness.run(runtime, task, applied, decoy.files, timeout)  # type: ignore[union-attr]
-    still = sorted(t for t, o in drun.outcomes.items() if o == "passed" and decoy.is_armed(t))  # type: ignore[union-attr]
-    verdict.meta["decoy"] = {"seed": seed, "changed": decoy.changed, "armed_passed": len(armed),  # type: ignore[union-attr]
+    drun = await harness.run(runtime, task, applied, decoy.files, timeout)
+    still = sorted(t for t, o in drun.outcomes.items() if o == "passed" and decoy.is_armed(t))
+    verdict.meta["decoy"] = {"seed": seed, "changed": decoy.changed, "armed_passed": len(armed),
                              "still_passed": still[:20], "finished": drun.finished, "wall_s": drun.wall_s}
     if drun.timed_out or drun.oom:  # a limit says nothing either way; a verdict would be a guess
         raise VerifierError(f"the decoy run hit {'the time limit' if drun.timed_out else 'the memory limit'} "
@@ -312,7 +314,7 @@ async def _decoy_check(runtime: SandboxRuntime, task: Task, spec: RewardSpec, ap
     verdict.flags.extend(f for f in map(evidence_flag, drun.evidence) if (f.kind, f.file, f.line) not in seen)
     if still:
         verdict.flags.append(Flag(decoys.EXPECTED_READ, (
-            f"with {decoy.changed} expected value(s) of the hidden tests changed, {len(still)} test(s) that "  # type: ignore[union-attr]
+            f"with {decoy.changed} expected value(s) of the hidden tests changed, {len(still)} test(s) that "
             f"a correct program fails still passed ({', '.join(still[:3])}): their outcome followed what the "
             "tests expect, not the inputs (expected values read, or the judge subverted)")))
     elif not drun.finished or drun.forged or drun.broken:

@@ -115,7 +115,7 @@ def sandbox_config_for(task: Task) -> SandboxConfig:
 
 SUPERVISOR = r'''
 """tryloop verifier supervisor: holds the run key; relays and signs the test process's records."""
-import hashlib, hmac, json, os, subprocess, sys
+import hashlib, hmac, json, os, socket, subprocess, sys, threading
 
 key = os.read(0, 4096).strip()
 _null = os.open(os.devnull, os.O_RDONLY)
@@ -173,7 +173,6 @@ def serve_sessions(server, sessions):
     """A shell command's `pytest` (the shims in bin/) asks here for a session: its arguments,
     working directory and environment, and its stdin/stdout/stderr as descriptors. The test
     process is this supervisor's child; no process of the command ever holds the record pipe."""
-    import socket, threading
 
     def one(conn):
         fds = []
@@ -217,8 +216,6 @@ server = None
 if mode == "pytest":  # the test process directly
     child = start_session(args, env, stdin=subprocess.DEVNULL)
 else:  # a shell command: its `pytest` and `python3 -m pytest` ask this supervisor for a session
-    import socket, threading
-
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(os.path.join(slot, "sessions.sock"))
     server.listen(8)
