@@ -94,6 +94,7 @@ class EndpointSampler:
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.model_config = model_config          # written beside vLLM's / SGLang's weights
         self.check_versions = check_versions
+        self.api_key = api_key                    # handed on to rollout workers that sample here too
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._turn = itertools.count()
         self._http = LoopHTTP(self._headers, self.timeout_s)

@@ -236,7 +236,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
-    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for
+    from tryloop.train.zone import endpoint_sampler, sampler_api_key, sampler_policy, zone_key_for
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -272,8 +272,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         except BaseException:
             served.close()
             raise
-        key = os.environ.get(tcfg.sampler.api_key_env, "") if tcfg.sampler.api_key_env else None
-        remote = EndpointSampler([url], api_key=key or None, timeout_s=tcfg.sampler.timeout_s, retries=0,
+        remote = EndpointSampler([url], api_key=sampler_api_key(tcfg), timeout_s=tcfg.sampler.timeout_s, retries=0,
                                  weights_dir=tcfg.sampler.weights_dir)
     # Sampling elsewhere, the loaded model is the learner's (only its tokenizer and version are
     # the policy's); in-process, the engine owns one copy and the learner another.
@@ -306,8 +305,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         from tryloop.train.remote import RemoteTrainEpisodes
 
         assert remote is not None
-        key = remote._headers.get("Authorization", "").removeprefix("Bearer ") or None
-        workers = RemoteTrainEpisodes(cfg, tcfg, [ep.url for ep in remote.endpoints], kind=remote.kind, api_key=key)
+        workers = RemoteTrainEpisodes(cfg, tcfg, [ep.url for ep in remote.endpoints], kind=remote.kind,
+                                      api_key=remote.api_key)
         runner = ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), remote=workers, registry=metrics.registry)
         emit("log", {"message": "episodes run on Ray rollout workers"})
     runner = runner or ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency), registry=metrics.registry)

@@ -40,24 +40,31 @@ def sampler_policy(loaded, tcfg: TrainRunConfig, engine=None):
                     max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype, engine=engine)
 
 
-def endpoint_sampler(tcfg: TrainRunConfig, loaded):
-    """The train.sampler endpoints, or None for the in-process engine (not yet connected)."""
+def sampler_api_key(tcfg: TrainRunConfig) -> str | None:
+    """The samplers' bearer token, from the variable train.sampler.api_key_env names (None: no token)."""
     import os
 
-    from tryloop.agent.endpoints import EndpointSampler
     from tryloop.errors import ConfigError
+
+    env = tcfg.sampler.api_key_env
+    if not env:
+        return None
+    key = os.environ.get(env, "")
+    if not key:
+        raise ConfigError(f"train.sampler.api_key_env: the environment variable {env} is unset or empty")
+    return key
+
+
+def endpoint_sampler(tcfg: TrainRunConfig, loaded):
+    """The train.sampler endpoints, or None for the in-process engine (not yet connected)."""
+    from tryloop.agent.endpoints import EndpointSampler
 
     sc = tcfg.sampler
     if not sc.endpoints:
         return None
-    key = None
-    if sc.api_key_env:
-        key = os.environ.get(sc.api_key_env, "")
-        if not key:
-            raise ConfigError(f"train.sampler.api_key_env: the environment variable {sc.api_key_env} is unset "
-                              "or empty")
-    return EndpointSampler(sc.endpoints, kind=sc.kind, api_key=key, timeout_s=sc.timeout_s, retries=sc.retries,
-                           weights_dir=sc.weights_dir, model_config=getattr(loaded.model, "config", None))
+    return EndpointSampler(sc.endpoints, kind=sc.kind, api_key=sampler_api_key(tcfg), timeout_s=sc.timeout_s,
+                           retries=sc.retries, weights_dir=sc.weights_dir,
+                           model_config=getattr(loaded.model, "config", None))
 
 
 def by_family(task: Task) -> str:
