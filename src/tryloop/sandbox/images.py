@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import site
 import stat
 import sys
 import tempfile
@@ -229,7 +230,11 @@ def _host_fingerprint(binds: list[tuple[str, str]]) -> str:
     for src, _ in binds:
         st = os.stat(src)
         h.update(f"{src}:{st.st_ino}:{st.st_mtime_ns}\n".encode())
-    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    # The packages of the installation itself, not of whatever sys.path holds at the moment: an
+    # imported library may add folders of its own (Ray adds its thirdparty_files), which would
+    # give one host two ids, and two reward versions, depending on what was imported first.
+    sites = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    dists = sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions(path=sites)})
     h.update("\n".join(dists).encode())
     return h.hexdigest()
 
