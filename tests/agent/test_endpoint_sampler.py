@@ -126,22 +126,77 @@ async def test_a_dead_endpoint_is_named_and_a_live_one_takes_its_requests(served
     both = EndpointSampler([url, dead], api_key="sekret", retries=1)
     both.announced = engine.weights_version
     for ep in both.endpoints:
-        ep.model = "smollm2-135m"
+        ep.model, ep.version = "smollm2-135m", engine.weights_version
     ids = [1, 2, 3]
     for _ in range(2):   # one of the two starts at the dead endpoint
         s = await both.generate(ids, max_new_tokens=2, temperature=0.0)
         assert s.endpoint == url and len(s.token_ids) == len(s.policy_logprobs) > 0
+    assert both.stats()[dead]["failures"] == 1   # set aside after its first failure: asked only once
     # ... and with none left, the error names it, and the sampler stays failed.
     alone = EndpointSampler([dead], retries=3)
-    alone.announced = engine.weights_version
-    with pytest.raises(SamplerError, match=f"no sampler endpoint answered: {dead}: ConnectError"):
+    alone.announced = alone.endpoints[0].version = engine.weights_version
+    with pytest.raises(SamplerError, match=f"no sampler endpoint answered with usable tokens.*: {dead}: ConnectError"):
         await alone.generate(ids, max_new_tokens=2)
     with pytest.raises(SamplerError, match=dead):
         alone.check()
-    # A push that cannot reach an endpoint names it.
-    with pytest.raises(SamplerError, match=f"did not reach sampler endpoint {dead}"):
+    # A push that reaches no endpoint names it.
+    with pytest.raises(SamplerError, match=f"weights 'v' reached no sampler endpoint: {dead}: ConnectError"):
         await alone.push({"w": torch.zeros(1)}, version="v")
     await both.aclose()
+
+
+async def test_a_lost_endpoint_is_left_out_until_a_push_reaches_it_and_its_requests_go_elsewhere(served):
+    """Two servers over two copies of the model. One stops: its requests go to the other, the next
+    push leaves it out, and it gets no request while it holds older weights, even once it is back;
+    the push after that reaches it again. One that answers with weights nobody announced is set
+    aside and the completion asked of the other; with no endpoint left the error names both."""
+    import asyncio
+    import contextlib
+
+    from tryloop.agent.hf import load_model
+
+    url, engine, loaded = served
+    other = load_model("smollm2-135m", device="cpu")
+    port = int(dead_url().rsplit(":", 1)[1])
+    cfg = ServeModelConfig(port=port, default_max_tokens=8, access_log=None, weight_updates=True,
+                           auth_token_env=KEY_ENV)
+    ids = [1, 2, 3]
+    with Engine(other.model, other.tokenizer, weights_version=engine.weights_version) as engine2:
+        stack = contextlib.ExitStack()
+        url2 = stack.enter_context(model_server_in_thread(engine2, cfg))
+        s = EndpointSampler([url, url2], api_key="sekret", down_s=60)
+        await s.connect(engine.weights_version)
+        outs = await asyncio.gather(*[s.generate(ids, max_new_tokens=2, temperature=0.0) for _ in range(4)])
+        assert {o.endpoint for o in outs} == {url, url2}
+        stack.close()                                  # the second server is gone
+        outs = await asyncio.gather(*[s.generate(ids, max_new_tokens=2, temperature=0.0) for _ in range(4)])
+        assert {o.endpoint for o in outs} == {url} and s.stats()[url2]["failures"] >= 1
+        await s.push(engine.model.state_dict(), version="lost-1")
+        assert s.live() == [url]
+        assert s.stats()[url2]["missed_pushes"] == 1 and not s.stats()[url2]["live"]
+        with model_server_in_thread(engine2, cfg):     # back, with the weights it had
+            s.endpoints[1].down_until = 0.0            # (its time out is over)
+            outs = await asyncio.gather(*[s.generate(ids, max_new_tokens=2) for _ in range(4)])
+            assert {o.endpoint for o in outs} == {url} and {o.weights_versions for o in outs} == {("lost-1",)}
+            await s.push(engine.model.state_dict(), version="lost-2")
+            assert s.live() == [url, url2] and engine2.weights_version == "lost-2"
+            outs = await asyncio.gather(*[s.generate(ids, max_new_tokens=2) for _ in range(4)])
+            assert {o.endpoint for o in outs} == {url, url2}
+            # Someone else's weights on the second: its tokens are refused, the first answers.
+            engine2.update_weights_blocking(engine2.model, version="rogue")
+            failed = s.stats()[url2]["failures"]
+            outs = await asyncio.gather(*[s.generate(ids, max_new_tokens=2) for _ in range(4)])
+            assert {o.endpoint for o in outs} == {url} and {o.weights_versions for o in outs} == {("lost-2",)}
+            assert s.stats()[url2]["failures"] > failed
+            # Nothing usable anywhere: the error names both.
+            engine.update_weights_blocking(engine.model, version="rogue")
+            for ep in s.endpoints:
+                ep.down_until = 0.0
+            with pytest.raises(SamplerError, match=rf"{url} sampled with weights \['rogue'\].*{url2}|"
+                                                   rf"{url2} sampled with weights \['rogue'\].*{url}"):
+                await s.generate(ids, max_new_tokens=2)
+            engine.update_weights_blocking(engine.model, version="lost-2")
+        await s.aclose()
 
 
 async def test_the_weights_endpoint_is_authenticated_and_checks_what_it_gets(served, tmp_path):

@@ -4,8 +4,16 @@
 engine: the chat template is applied here, each turn is sent as token ids to `/v1/completions`
 (`return_token_ids`, `logprobs: 0`, `return_tokens_as_token_ids`), and the sampled ids and their
 log-probabilities come back as the server sampled them. Requests go to the endpoint with the
-fewest requests in flight (ties in turn); one that does not answer (connection refused, timeout,
-5xx) is retried on the next, `retries` times, then the error names every endpoint tried.
+fewest requests in flight (ties in turn).
+
+Losing an endpoint mid-run is not losing the run. A completion the endpoint did not answer
+(connection refused or reset, timeout, 5xx), or answered with other weights than asked for, is
+sent to another endpoint, up to `retries` more, and the endpoint is set aside for `down_s` seconds
+(tried again after that, last). A completion is stateless (the whole context goes with every
+turn), so an episode's next turn may come from another endpoint without changing its tokens. A
+push that cannot reach an endpoint leaves it out: it holds older weights, so it gets no request
+until a later push reaches it again. Only when no endpoint answers a completion, or none takes a
+push, does the error (naming each one) stop the trainer.
 
 Weights carry a version. The trainer announces one (`connect(expected)` at the start: every
 endpoint must serve the learner's initial weights; `push(weights, version)` after each update:
@@ -74,14 +82,23 @@ class _Endpoint:
     model: str = ""
     max_context: int = 0
     push_s: list[float] = field(default_factory=list)
+    version: str = ""            # the weights it holds, as far as this sampler knows (connect, pushes)
+    down_until: float = 0.0      # monotonic time before which it gets requests only as a last resort
+    failures: int = 0            # completions it did not answer or answered with other weights
+    missed_pushes: int = 0
+
+
+class _Retry(Exception):
+    """This endpoint's answer cannot be used; another endpoint may give one."""
 
 
 class EndpointSampler:
     def __init__(self, endpoints: list[str], *, kind: Kind = "tryloop", api_key: str | None = None,
                  timeout_s: float = 300.0, retries: int = 1, weights_dir: str | Path | None = None,
-                 model_config: Any = None, check_versions: bool = True):
+                 model_config: Any = None, check_versions: bool = True, down_s: float = 10.0):
         """`check_versions=False`: record the versions each completion reports without comparing them
-        to the announced one (a Ray rollout worker, which checks them per episode)."""
+        to the announced one (a Ray rollout worker, which names the version per call, and overlapped
+        rollouts, whose trainer checks the versions per episode)."""
         if not endpoints:
             raise ValueError("an EndpointSampler needs at least one endpoint")
         for u in endpoints:
@@ -90,7 +107,7 @@ class EndpointSampler:
         if kind != "tryloop" and weights_dir is None:
             raise ValueError(f"a {kind} sampler loads weights from a shared path: set weights_dir")
         self.endpoints = [_Endpoint(u.rstrip("/").removesuffix("/v1")) for u in endpoints]
-        self.kind, self.timeout_s, self.retries = kind, timeout_s, retries
+        self.kind, self.timeout_s, self.retries, self.down_s = kind, timeout_s, retries, down_s
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.model_config = model_config          # written beside vLLM's / SGLang's weights
         self.check_versions = check_versions
@@ -124,6 +141,7 @@ class EndpointSampler:
                 continue
             ep.model = entry.get("id", "")
             ep.max_context = int(entry.get("max_model_len") or 0)
+            ep.version = expected_version
             if self.kind != "tryloop":
                 continue
             served = entry.get("weights_version")
@@ -140,12 +158,23 @@ class EndpointSampler:
 
     # --- sampling ---------------------------------------------------------------------------
 
-    def _order(self) -> list[_Endpoint]:
-        """Endpoints to try: the least loaded first (ties in turn), then the others."""
+    def live(self) -> list[str]:
+        """The endpoints that hold the announced weights (the others missed a push)."""
+        return [ep.url for ep in self.endpoints if ep.version == self.announced]
+
+    def _order(self, among: list[str] | None = None) -> list[_Endpoint]:
+        """Endpoints to try: those holding the announced weights (of `among`, if given), the least
+        loaded first (ties in turn); the ones set aside after a failure last."""
         n = len(self.endpoints)
         start = next(self._turn) % n
         rotated = self.endpoints[start:] + self.endpoints[:start]
-        return sorted(rotated, key=lambda ep: ep.in_flight)
+        usable = [ep for ep in rotated if ep.version == self.announced and (among is None or ep.url in among)]
+        now = time.monotonic()
+        return sorted(usable, key=lambda ep: (ep.down_until > now, ep.down_until, ep.in_flight))
+
+    def _set_aside(self, ep: _Endpoint) -> None:
+        ep.failures += 1
+        ep.down_until = time.monotonic() + self.down_s
 
     def check(self) -> None:
         """Raise the first sampling failure: the episodes it ended hold no usable tokens, and a
@@ -155,19 +184,23 @@ class EndpointSampler:
 
     async def generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None, stop_strings: tuple[str, ...] = (),
-                       **_: Any) -> RemoteSample:
-        """One completion; a failure (after `retries`) is kept: every later call fails with it."""
+                       accept: str | None = None, among: list[str] | None = None, **_: Any) -> RemoteSample:
+        """One completion, sampled with `accept` (None: the announced weights, if checked) on one of
+        `among` (None: any endpoint). A failure (no endpoint left) is kept: every later call fails
+        with it."""
         self.check()
         try:
             return await self._generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                        top_p=top_p, seed=seed, stop_strings=stop_strings)
+                                        top_p=top_p, seed=seed, stop_strings=stop_strings, accept=accept,
+                                        among=among)
         except SamplerError as e:
             if self.failure is None:
                 self.failure = e
             raise
 
     async def _generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float,
-                        top_p: float, seed: int | None, stop_strings: tuple[str, ...]) -> RemoteSample:
+                        top_p: float, seed: int | None, stop_strings: tuple[str, ...], accept: str | None,
+                        among: list[str] | None) -> RemoteSample:
         body: dict[str, Any] = {"prompt": list(prompt_ids), "max_tokens": max_new_tokens,
                                 "temperature": temperature, "top_p": top_p, "logprobs": 0,
                                 "return_token_ids": True, "return_tokens_as_token_ids": True}
@@ -175,27 +208,47 @@ class EndpointSampler:
             body["seed"] = seed
         if stop_strings:
             body["stop"] = list(stop_strings)
+        if accept is None and self.check_versions:
+            accept = self.announced
+        order = self._order(among)
+        if not order:
+            raise SamplerError(f"no sampler endpoint holds weights {self.announced!r}: "
+                               f"{', '.join(among or []) or 'every one'} missed a push")
         failures = []
-        for ep in self._order()[: self.retries + 1]:
+        for ep in order[: self.retries + 1]:
             ep.in_flight += 1
             ep.requests += 1
             try:
                 r = await self._http.client().post(f"{ep.url}/v1/completions", json={"model": ep.model, **body})
             except httpx.HTTPError as e:
                 failures.append(f"{ep.url}: {type(e).__name__}: {str(e)[:200]}")
+                self._set_aside(ep)
                 continue
             finally:
                 ep.in_flight -= 1
             if r.status_code >= 500:
                 failures.append(f"{ep.url}: HTTP {r.status_code}: {r.text[:200]}")
+                self._set_aside(ep)
                 continue
             if r.status_code != 200:     # the request itself was refused: no other endpoint will take it
                 raise SamplerError(f"sampler endpoint {ep.url} refused the completion: HTTP {r.status_code}: "
                                    f"{r.text[:300]}")
-            return self._sample(ep, r.json())
-        raise SamplerError("no sampler endpoint answered: " + "; ".join(failures))
+            try:
+                sample = self._sample(ep, r.json(), accept)
+                if self.kind == "tryloop" and accept and any(v != accept for v in sample.weights_versions):
+                    # Restarted, or pushed to by someone else: its tokens are never used.
+                    raise _Retry(f"{ep.url} sampled with weights {list(sample.weights_versions)} but "
+                                 f"{accept!r} was announced (restarted, or pushed to by another trainer?)")
+            except _Retry as e:
+                failures.append(str(e))
+                self._set_aside(ep)
+                continue
+            ep.down_until = 0.0
+            return sample
+        raise SamplerError("no sampler endpoint answered with usable tokens, refusing off-policy or missing "
+                           "ones: " + "; ".join(failures))
 
-    def _sample(self, ep: _Endpoint, data: dict[str, Any]) -> RemoteSample:
+    def _sample(self, ep: _Endpoint, data: dict[str, Any], accept: str | None = None) -> RemoteSample:
         try:
             choice = data["choices"][0]
             ids = [int(t) for t in choice["token_ids"]]
@@ -209,20 +262,19 @@ class EndpointSampler:
                                "log-probabilities")
         if self.kind == "tryloop":
             versions = tuple(choice.get("weights_versions") or [data.get("system_fingerprint") or ""])
-            if self.check_versions and any(v != self.announced for v in versions):
-                raise SamplerError(f"sampler endpoint {ep.url} sampled with weights {list(versions)} but "
-                                   f"{self.announced!r} was announced: refusing off-policy tokens (did "
-                                   "another trainer push to it, or was it restarted?)")
         else:
-            versions = (self.announced,)   # the last version it acknowledged (no per-completion report)
+            # No per-completion report: the version it acknowledged last (the pusher's `among`).
+            versions = (accept or self.announced,)
         return RemoteSample(ids, lps, "length" if finish == "length" else "stop", versions, ep.url)
 
     # --- weights ----------------------------------------------------------------------------
 
     async def push(self, weights: Any, *, version: str) -> float:
         """Send `weights` (a state dict or a model) to every endpoint as `version`; returns the
-        seconds it took (serialization included). Once it returns, every endpoint acknowledged
-        `version` and completions must carry it."""
+        seconds it took (serialization included). Once it returns, the endpoints that acknowledged
+        `version` are the ones sampled from (`live()`): one that could not be reached is left out
+        until a later push reaches it, and none reached is an error. An endpoint that answers but
+        refuses the weights is an error too (a server set up otherwise than the trainer)."""
         from tryloop.agent import weights_io
 
         t0 = time.perf_counter()
@@ -236,7 +288,7 @@ class EndpointSampler:
                 data = await asyncio.to_thread(weights_io.to_bytes, weights, version=version)
                 req = {"content": data, "headers": {"Content-Type": "application/octet-stream",
                                                     "X-Weights-Version": version}}
-            await asyncio.gather(*[self._push_one(ep, "/v1/weights", req, version) for ep in self.endpoints])
+            await self._push_all("/v1/weights", req, version)
         else:
             assert self.weights_dir is not None
             folder = written = self.weights_dir / _safe(version)
@@ -247,7 +299,7 @@ class EndpointSampler:
             else:
                 path, body = "/collective_rpc", {"method": "reload_weights",
                                                  "kwargs": {"weights_path": str(folder.resolve())}}
-            await asyncio.gather(*[self._push_one(ep, path, {"json": body}, version) for ep in self.endpoints])
+            await self._push_all(path, {"json": body}, version)
         self.announced = version
         # Every endpoint has loaded it: the previous push's copy is no longer read by anyone.
         previous, self._written = self._written, written
@@ -263,13 +315,23 @@ class EndpointSampler:
             self.model_config.save_pretrained(str(folder))
         weights_io.to_file(weights, folder / "model.safetensors", version=version)
 
-    async def _push_one(self, ep: _Endpoint, path: str, req: dict[str, Any], version: str) -> None:
+    async def _push_all(self, path: str, req: dict[str, Any], version: str) -> None:
+        missed = [m for m in await asyncio.gather(*[self._push_one(ep, path, req, version)
+                                                     for ep in self.endpoints]) if m]
+        if len(missed) == len(self.endpoints):
+            raise SamplerError(f"weights {version!r} reached no sampler endpoint: " + "; ".join(missed))
+
+    async def _push_one(self, ep: _Endpoint, path: str, req: dict[str, Any], version: str) -> str:
+        """'' once `ep` holds `version`; why not, if it could not be reached (it is left out)."""
         t0 = time.perf_counter()
         try:
             r = await self._http.client().post(f"{ep.url}{path}", **req)
         except httpx.HTTPError as e:
-            raise SamplerError(f"weights {version!r} did not reach sampler endpoint {ep.url}: "
-                               f"{type(e).__name__}: {str(e)[:200]}") from None
+            ep.missed_pushes += 1
+            return f"{ep.url}: {type(e).__name__}: {str(e)[:200]}"
+        if r.status_code >= 500:
+            ep.missed_pushes += 1
+            return f"{ep.url}: HTTP {r.status_code}: {r.text[:200]}"
         if r.status_code != 200:
             raise SamplerError(f"sampler endpoint {ep.url} refused weights {version!r}: HTTP {r.status_code}: "
                                f"{r.text[:300]}")
@@ -280,6 +342,8 @@ class EndpointSampler:
         if self.kind == "sglang" and isinstance(body, dict) and body.get("success") is False:
             raise SamplerError(f"sampler endpoint {ep.url} did not load weights {version!r}: {body.get('message')}")
         ep.push_s.append(time.perf_counter() - t0)
+        ep.version, ep.down_until = version, 0.0
+        return ""
 
     # --- the engine's other calls -----------------------------------------------------------
 
@@ -293,7 +357,9 @@ class EndpointSampler:
         return v
 
     def stats(self) -> dict[str, Any]:
-        return {ep.url: {"requests": ep.requests, "in_flight": ep.in_flight, "push_s": list(ep.push_s)}
+        return {ep.url: {"requests": ep.requests, "in_flight": ep.in_flight, "push_s": list(ep.push_s),
+                         "failures": ep.failures, "missed_pushes": ep.missed_pushes,
+                         "live": ep.version == self.announced}
                 for ep in self.endpoints}
 
     def close(self) -> None:

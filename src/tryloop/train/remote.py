@@ -10,8 +10,10 @@ learner's own `serve model` server, or `train.sampler.endpoints`) through an
 and the trajectory that comes back is the one the learner trains on.
 
 Weights: each request's payload says which weights version the trainer announced
-for it (`meta.weights`); a completion sampled with any other version fails the
-episode with a `SamplerError`, which the trainer turns into a stop. With no
+for it (`meta.weights`) and which endpoints its last push reached (`meta.endpoints`);
+a completion sampled with any other version is asked of another endpoint, and only
+when none is left does the episode fail with a `SamplerError`, which the trainer
+turns into a stop. With no
 announced version (overlapped rollouts, where a push may land mid-episode) the
 worker records the versions and the trainer checks every one against the
 versions it pushed.
@@ -71,10 +73,12 @@ def code_identity() -> dict[str, str]:
 
 
 class _Pinned:
-    """The worker's shared `EndpointSampler`, accepting only `accept` (None: any version) for one episode."""
+    """The worker's shared `EndpointSampler` for one episode: only `accept` (None: any version), only
+    from `among` (the endpoints the trainer's last push reached; None: any)."""
 
-    def __init__(self, sampler: Any, accept: str | None, label: str | None = None):
-        self.sampler, self.accept, self.label = sampler, accept, label
+    def __init__(self, sampler: Any, accept: str | None, label: str | None = None,
+                 among: list[str] | None = None):
+        self.sampler, self.accept, self.label, self.among = sampler, accept, label, among
         self.failure: Exception | None = None
         self.max_context = sampler.max_context
 
@@ -86,16 +90,11 @@ class _Pinned:
         from tryloop.agent.endpoints import SamplerError
 
         try:
-            sample = await self.sampler.generate(prompt_ids, **kw)
+            # An endpoint that answers with other weights is set aside and another one asked.
+            return await self.sampler.generate(prompt_ids, accept=self.accept, among=self.among, **kw)
         except SamplerError as e:
             self.failure = e
             raise
-        if self.accept is not None and any(v != self.accept for v in sample.weights_versions):
-            self.failure = SamplerError(
-                f"sampler endpoint {sample.endpoint} sampled with weights {list(sample.weights_versions)} but "
-                f"{self.accept!r} was announced: refusing off-policy tokens")
-            raise self.failure
-        return sample
 
 
 class RemoteTrainEpisodes:
@@ -132,7 +131,8 @@ class RemoteTrainEpisodes:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(str(path)).is_dir())
         sampler = EndpointSampler(self.endpoints, kind=self.kind, api_key=self.api_key,  # type: ignore[arg-type]
                                   timeout_s=tc.sampler.timeout_s, retries=tc.sampler.retries,
-                                  weights_dir=tc.sampler.weights_dir, check_versions=False)
+                                  weights_dir=tc.sampler.weights_dir, check_versions=False,
+                                  down_s=tc.sampler.down_s)
         await sampler.connect("", check_version=False)
         loaded = SimpleNamespace(tokenizer=tokenizer, name=name, weights_version="")
         return {"envs": Environments(SandboxRuntime(self.cfg.runtime)), "sampler": sampler,
@@ -150,7 +150,7 @@ class RemoteTrainEpisodes:
         if task is None:
             task = live["tasks"][p["task"]] = live["store"].get(p["task"])
         meta = p.get("meta") or {}
-        pinned = _Pinned(live["sampler"], meta.get("weights"), meta.get("version"))
+        pinned = _Pinned(live["sampler"], meta.get("weights"), meta.get("version"), meta.get("endpoints"))
         policy = copy.copy(live["policy"])
         policy.engine = pinned
         temperature = meta.get("temperature")

@@ -450,7 +450,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                         # this run pushes, checked here); the policy's own temperature
                         for r in todo:
                             r.meta = {"weights": None if tcfg.overlap else announced, "version": policy.version,
-                                      "temperature": None}
+                                      "temperature": None, "endpoints": remote.live() if remote else None}
                     by_id = {r.episode_id: r for r in todo}
                     again: list[EpisodeRequest] = []
                     async for t in runner.run(todo, one):
@@ -530,6 +530,12 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     t_push = time.perf_counter()
                     await policy.engine.update_weights(weights, version=f"step-{step}")
                     push_s = time.perf_counter() - t_push
+                    left_out = [] if remote is None else \
+                        [ep.url for ep in remote.endpoints if ep.url not in remote.live()]
+                    if left_out:
+                        emit("log", {"message": f"step {step}: the weights did not reach sampler endpoint(s) "
+                                                f"{', '.join(left_out)}; sampling goes on without them until a "
+                                                "push reaches them"})
                     versions[f"step-{step}"] = step + 1
                     version_ready(step + 1).set()
                     del weights
@@ -539,6 +545,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             row = _step_metrics(step, trajs, adv, learn, update_s, envs, refills=refills,
                                 step_s=time.perf_counter() - t_step)
             row["time_push_s"] = push_s   # the new weights to the sampler (in memory or over HTTP)
+            if remote is not None:
+                row["sampler_live"] = len(remote.live())   # endpoints holding the new weights
             row["time_rollout_wall_s"] = rollout_s   # generation + environment + verification, overlapped
             if tcfg.overlap:
                 st = info["staleness"]

@@ -39,8 +39,11 @@ class SamplerConfig(_Model):
                                                 "(their serve.model.auth_token_env); None: no key")
     timeout_s: float = Field(300.0, gt=0, description="seconds one completion or push may take")
     retries: int = Field(1, ge=0, description="a completion an endpoint did not answer (down, timeout, "
-                                              "5xx) is sent to the next endpoint up to this many times; "
-                                              "then the run stops with an error naming them")
+                                              "5xx) or answered with other weights is sent to another "
+                                              "endpoint up to this many times; then the run stops with "
+                                              "an error naming them")
+    down_s: float = Field(10.0, ge=0, description="an endpoint that failed a completion gets requests "
+                                                  "only as a last resort for this many seconds")
     serve_host: str = Field("127.0.0.1", description="scheduler.engine ray with no endpoints: the learner's "
                                                      "process serves its model (`serve model` with weight "
                                                      "updates) on this address for the rollout workers; "

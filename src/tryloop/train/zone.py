@@ -62,9 +62,11 @@ def endpoint_sampler(tcfg: TrainRunConfig, loaded):
     sc = tcfg.sampler
     if not sc.endpoints:
         return None
+    # Overlapped rollouts sample across pushes: the trainer checks each episode's versions instead.
     return EndpointSampler(sc.endpoints, kind=sc.kind, api_key=sampler_api_key(tcfg), timeout_s=sc.timeout_s,
-                           retries=sc.retries, weights_dir=sc.weights_dir,
-                           model_config=getattr(loaded.model, "config", None))
+                           retries=sc.retries, weights_dir=sc.weights_dir, down_s=sc.down_s,
+                           model_config=getattr(loaded.model, "config", None),
+                           check_versions=not tcfg.overlap)
 
 
 def by_family(task: Task) -> str:
