@@ -6,11 +6,16 @@ version after each update."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
-from test_run import train_root, write_config  # noqa: F401  (the module-scoped store + gate fixture)
+import yaml
+from test_run import DRIVER, learner_steps, train_root, weights_digest, write_config  # noqa: F401  (train_root: the module-scoped store + gate fixture)
 
 from ray_cluster import local_cluster
 from tryloop.config import load_yaml
@@ -225,3 +230,95 @@ def test_an_overlapped_run_that_dies_mid_rollout_resumes_without_losing_or_repea
     ids = Counter(t.episode_id for t in store.read(run_id="local-r"))
     assert len(ids) == 6 and set(ids.values()) == {1}
     assert [m["episodes"] for m in res.metrics] == [2, 2, 2]
+
+
+@pytest.mark.slow   # ~2 min on 2 shared cores
+def test_a_sampler_endpoint_lost_mid_step_its_requests_go_to_another_none_lost_none_twice(cluster, train_root):  # noqa: F811
+    """train.sampler.endpoints on Ray, two `serve model` servers over two copies of the model. One
+    stops while step 0's episodes run: the workers' requests go to the other, the step's push leaves
+    the lost one out (logged), step 1 samples from the one left, and every episode is stored once,
+    with tokens of the announced weights only."""
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+    from tryloop.train.run import train
+
+    scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
+    a, b = load_model("smollm2-135m", device="cpu"), load_model("smollm2-135m", device="cpu")
+    with Engine(a.model, a.tokenizer, weights_version=a.weights_version, num_threads=1) as ea, \
+            Engine(b.model, b.tokenizer, weights_version=b.weights_version, num_threads=1) as eb, \
+            model_server_in_thread(ea, scfg) as url_a:
+        lost = contextlib.ExitStack()
+        url_b = lost.enter_context(model_server_in_thread(eb, scfg))
+        cfg = ray_config(train_root, "ray-f.yaml", run_id="ray-f", tasks_per_step=2, group_size=2, concurrency=4,
+                         scheduler={"admission": {"adaptive": False, "initial": 4, "max": 4}},
+                         sampler={"endpoints": [url_a, url_b], "down_s": 300})
+        logs: list[str] = []
+        gone: list[str] = []
+
+        def hook(event, data):
+            if event == "episode" and data["step"] == 0 and not gone:
+                gone.append(url_b)
+                lost.close()        # the second sampler goes down while the step's other episodes run
+            if event == "log":
+                logs.append(data["message"])
+
+        res = asyncio.run(train(cfg, cfg.train, hook=hook))
+    assert gone and res.steps_done == 2 and [m["episodes"] for m in res.metrics] == [4, 4]
+    assert [m["sampler_live"] for m in res.metrics] == [1, 1]
+    assert any(f"did not reach sampler endpoint(s) {url_b}" in m for m in logs), logs
+    trajs = TrajectoryStore(cfg.store.trajectories_url).read(run_id="ray-f")
+    ids = Counter(t.episode_id for t in trajs)
+    assert len(ids) == 8 and set(ids.values()) == {1}      # none lost, none counted twice
+    assert {tuple(t.weights_versions) for t in trajs if t.step == 1} == {("step-0",)}
+    assert eb.weights_version == b.weights_version            # the lost one never got step-0 ...
+    assert ea.weights_version == "step-1"                     # ... the one left got every push
+
+
+def ray_yaml(root, name: str, address: str, **train) -> str:
+    """A config file for a trainer in its own process that joins the cluster at `address`."""
+    path = write_config(root, name, **{"concurrency": 2, "limits": SHORT, **train})
+    doc = yaml.safe_load(path.read_text())
+    doc["scheduler"] = {**RAY, "ray": {**RAY["ray"], "address": address}}
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.slow   # ~5 min on 2 shared cores: two three-step runs on the cluster
+def test_a_learner_killed_on_ray_resumes_like_an_uninterrupted_run(cluster, train_root, tmp_path):  # noqa: F811
+    """The trainer (learner and its served model) is SIGKILLed after step 1's checkpoint while the
+    Ray cluster and its nodes live on; `--resume` in a new process joins the cluster again and
+    finishes. Against a run never interrupted: the same episodes, token for token, each stored
+    once, the same losses and the same final weights."""
+    c, _ = cluster
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    # One episode at a time, as in the one-machine resume test: batched decoding sums in another
+    # order for other batch compositions, which can flip a token; one sequence at a time cannot.
+    train_args = {"steps": 3, "concurrency": 1, "limits": {**SHORT, "max_new_tokens": 160, "max_total_tokens": 160}}
+    cfg_a = ray_yaml(train_root, "ray-ra.yaml", c.address, run_id="ray-ra", **train_args)
+    cfg_b = ray_yaml(train_root, "ray-rb.yaml", c.address, run_id="ray-rb", **train_args)
+    py = sys.executable
+    subprocess.run([py, str(script), cfg_a, "-1"], check=True, timeout=900)
+    killed = subprocess.run([py, str(script), cfg_b, "1"], timeout=900)
+    assert killed.returncode == -signal.SIGKILL
+    run_a, run_b = train_root / "runs" / "ray-ra", train_root / "runs" / "ray-rb"
+    assert checkpoint.latest(run_b).name == "step-000001"
+    steps_before_kill = learner_steps(run_b)
+    subprocess.run([py, str(script), cfg_b, "-1", "--resume"], check=True, timeout=900)
+    store = TrajectoryStore(str(train_root / "traj"))
+    a = {t.episode_id.split(":", 1)[1]: t for t in store.read(run_id="ray-ra")}
+    b_all = store.read(run_id="ray-rb")
+    b = {t.episode_id.split(":", 1)[1]: t for t in b_all}
+    assert sorted(a) == sorted(b) and len(a) == len(b_all) == 6          # nothing lost, nothing twice
+    for k in a:
+        assert a[k].token_ids == b[k].token_ids, k                      # the same episodes, token for token
+        assert a[k].weights_versions == b[k].weights_versions, k
+    ma = [json.loads(x) for x in (run_a / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (run_b / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in mb] == [0, 1, 2]
+    assert [m.get("learn_loss") for m in ma] == [m.get("learn_loss") for m in mb]
+    assert checkpoint.latest(run_b).name == "step-000002"
+    assert learner_steps(run_b) == learner_steps(run_a) >= steps_before_kill
+    assert weights_digest(run_b) == weights_digest(run_a)
