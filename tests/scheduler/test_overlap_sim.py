@@ -128,3 +128,14 @@ def test_the_real_run_preset_is_derived_from_the_real_run_and_matches_its_synchr
     assert ratios["rollout_wall_mean"] == pytest.approx(1.0, abs=0.15)
     assert mod.table(res).count("\n") == 5 and mod.real_table(res).count("\n") == 7
     json.dumps(res)
+
+
+def test_the_gpu_preset_runs_small_with_a_learner_bound_step_that_overlap_hides():
+    mod = _script()
+    p = mod.gpu_preset(gpus=2)
+    assert p["learner"].episodes_per_step == 32 and p["sim"].sandbox_slots == 32
+    learner = p["learner"].model_copy(update={"steps": 3})
+    sync = simulate_training(p["sim"], learner, p["admission"])
+    over = simulate_training(p["sim"], learner.model_copy(update={"overlap": True}), p["admission"])
+    assert over["makespan_s"] < sync["makespan_s"]
+    assert over["staleness"]["max"] <= 1 and over["episodes_consumed"] == sync["episodes_consumed"] == 96
