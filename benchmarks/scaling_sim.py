@@ -10,8 +10,8 @@ admission on virtual time, modelled GPUs (continuous batching, prefix cache, KV 
 and modelled sandbox slots. The workload is SimConfig's default agent episode (4-12 turns,
 2,000 prompt tokens, 400 generated and 600 tool-output tokens per turn, 2 s CPU per tool
 call, 15 s verification). Runs are deterministic: the same arguments give the same figures.
-What the simulator does not model: the learner (no weight updates, no pauses for them),
-network between nodes, and failures.
+What these runs do not model: the learner (no weight updates, no pauses for them; that is
+`simulate_training`, in benchmarks/overlap_sim.py), network between nodes, and failures.
 """
 
 from __future__ import annotations

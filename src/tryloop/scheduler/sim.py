@@ -18,8 +18,13 @@ The inference model, per GPU (continuous batching, as vLLM / SGLang do it):
 The sandbox model: `sandbox_slots` CPU slots (the scheduler's execution
 capacity); provisioning, each tool call and the verifier hold a slot for a
 lognormally distributed time.
+The learner model (`simulate_training`): a training run of steps, each consuming a fixed number
+of episodes, then updating for a modelled time and pushing weights, which stops every GPU for
+the push and empties its prefix cache; synchronous (the next step's episodes start after the
+push) or overlapped (they sample during the update, within a staleness bound; `LearnerConfig`).
 
     report = simulate(SimConfig(gpus=64, episodes=10_000), AdmissionConfig(adaptive=True))
+    both = compare_training(SimConfig(gpus=64), LearnerConfig(update_s=120), AdmissionConfig())
 """
 
 from __future__ import annotations
@@ -65,7 +70,9 @@ class SimConfig(_Model):
     episodes: int = Field(10_000, ge=1, description="episodes submitted at once")
     turns: tuple[int, int] = Field((4, 12), description="turns per episode, uniform in [lo, hi]")
     prompt_tokens: int = Field(2000, ge=1, description="context before the first turn")
-    gen_tokens: float = Field(400, gt=0, description="mean tokens generated per turn (lognormal, sigma 0.5)")
+    gen_tokens: float = Field(400, gt=0, description="mean tokens generated per turn (lognormal, sigma `gen_sigma`)")
+    gen_sigma: float = Field(0.5, ge=0, description="spread of the tokens generated per turn (0: always `gen_tokens`, "
+                                                    "as when every generation runs to max_new_tokens)")
     tool_output_tokens: float = Field(600, ge=0, description="mean tokens of tool output added per turn (lognormal)")
     tool_cpu_s: float = Field(2.0, gt=0, description="mean CPU seconds of one tool call (lognormal, sigma 0.8)")
     provision_s: float = Field(1.0, ge=0, description="CPU seconds to provision a sandbox (from a warm pool)")
@@ -88,6 +95,7 @@ class _Seq:
     gen: int
     done: asyncio.Future[None]
     target: float = 0.0          # value of the GPU's per-sequence progress counter at which it finishes
+    version: int = 0             # weights version of its first token (set when it starts decoding)
 
 
 @dataclass(eq=False)
@@ -111,12 +119,15 @@ class _Gpu:
     tokens: float = 0.0
     timer: asyncio.TimerHandle | None = None
     counter: int = 0
+    version: int = 0             # weights version loaded (or being loaded: nothing decodes before paused_until)
+    paused_until: float = 0.0    # a weight push: no prefill, no decoding before this
+    paused_s: float = 0.0
 
     def step_s(self) -> float:
         return self.cfg.decode_base_s + self.cfg.decode_per_seq_s * len(self.running)
 
     def catch_up(self, now: float) -> None:
-        dt = now - self.at
+        dt = now - max(self.at, self.paused_until)     # a pause makes no progress
         if dt <= 0:
             return
         if self.prefilling:
@@ -154,8 +165,21 @@ class _Gpu:
                 self.prefill_left = seq.prefill_s
             self.prefilling.append(seq)
 
-    def _schedule(self) -> None:
+    def pause(self, seconds: float, version: int) -> None:
+        """A weight push: the GPU stops for `seconds` (sequences in flight keep their KV and resume
+        after it, their later tokens from the new weights); the prefix cache is emptied, since its
+        KV was computed with the old weights, so an idle episode's next turn prefills everything."""
         now = self.loop.time()
+        self.catch_up(now)
+        self.paused_until = now + seconds
+        self.paused_s += seconds
+        self.version = version     # every token decoded from now on comes after the push
+        self.cache.clear()
+        self.kv_cached = 0
+        self._schedule()
+
+    def _schedule(self) -> None:
+        now = max(self.loop.time(), self.paused_until)
         if self.prefilling:
             at = now + self.prefill_left
         elif self.running:
@@ -174,6 +198,7 @@ class _Gpu:
         if self.prefilling and self.prefill_left <= 1e-12:
             seq = self.prefilling.popleft()
             seq.target = self.progress + seq.gen
+            seq.version = self.version
             self.counter += 1
             heapq.heappush(self.running, (seq.target, self.counter, seq))
             if self.prefilling:
@@ -212,9 +237,10 @@ class ModelledInference:
             self._started = loop.time()
             self._gpus = [_Gpu(i, self.cfg, loop, at=self._started) for i in range(self.cfg.gpus)]
 
-    async def generate(self, episode: str, context_tokens: int, new_tokens: int, gen_tokens: int) -> None:
+    async def generate(self, episode: str, context_tokens: int, new_tokens: int, gen_tokens: int) -> int:
         """Generate `gen_tokens` after a context of `context_tokens`, of which the last `new_tokens`
-        were added since the episode's previous request (the rest may be in the prefix cache)."""
+        were added since the episode's previous request (the rest may be in the prefix cache).
+        Returns the weights version of the first generated token (the oldest of the generation)."""
         self._ensure()
         gpu = self._route.get(episode)
         if gpu is None:
@@ -240,6 +266,13 @@ class ModelledInference:
             if not fut.done():        # cancelled: drop it wherever it is
                 gpu.catch_up(gpu.loop.time())
                 _drop(gpu, seq)
+        return seq.version
+
+    def push(self, seconds: float, version: int) -> None:
+        """Load weights `version` on every GPU: each pauses for `seconds` (see `_Gpu.pause`)."""
+        self._ensure()
+        for g in self._gpus:
+            g.pause(seconds, version)
 
     def end_episode(self, episode: str) -> None:
         gpu = self._route.pop(episode, None)
@@ -266,6 +299,7 @@ class ModelledInference:
         tokens = sum(g.tokens for g in self._gpus)
         return {
             "gpu_idle_share": round(1 - busy / (span * n), 4) if span > 0 else 0.0,
+            "gpu_paused_share": round(sum(g.paused_s for g in self._gpus) / (span * n), 4) if span > 0 else 0.0,
             "gpu_prefill_share": round(sum(g.prefill_s for g in self._gpus) / (span * n), 4) if span > 0 else 0.0,
             "gpu_recompute_share": round(sum(g.recompute_s for g in self._gpus) / (span * n), 4) if span > 0 else 0.0,
             "decode_tokens_per_s": round(tokens / span, 1) if span > 0 else 0.0,
@@ -302,9 +336,10 @@ class FixedLatencyInference:
         self.latency_s = latency_s
         self.requests = 0
 
-    async def generate(self, episode: str, context_tokens: int, new_tokens: int, gen_tokens: int) -> None:
+    async def generate(self, episode: str, context_tokens: int, new_tokens: int, gen_tokens: int) -> int:
         self.requests += 1
         await asyncio.sleep(self.latency_s)
+        return 0
 
     def end_episode(self, episode: str) -> None:
         pass
@@ -344,12 +379,14 @@ class ModelledEpisode:
         ctx.stage(EpisodeState.RUNNING)
         context, new = cfg.prompt_tokens, cfg.prompt_tokens
         generated = 0
+        oldest: int | None = None       # weights version of the episode's oldest token
         try:
             for _ in range(turns):
                 async with ctx.turn():
-                    gen = max(1, round(_lognormal(rng, cfg.gen_tokens, 0.5)))
+                    gen = max(1, round(_lognormal(rng, cfg.gen_tokens, cfg.gen_sigma)))
                     async with ctx.capacity.inference(request.endpoint):
-                        await self.inference.generate(request.id, context, new, gen)
+                        version = await self.inference.generate(request.id, context, new, gen)
+                    oldest = version if oldest is None else min(oldest, version)
                     generated += gen
                     async with ctx.capacity.execution():
                         await asyncio.sleep(_lognormal(rng, cfg.tool_cpu_s, 0.8))
@@ -359,7 +396,7 @@ class ModelledEpisode:
                 await asyncio.sleep(_lognormal(rng, cfg.verify_cpu_s, 0.5) if cfg.verify_cpu_s else 0)
         finally:
             self.inference.end_episode(request.id)
-        return {"turns": turns, "generated_tokens": generated}
+        return {"turns": turns, "generated_tokens": generated, "weights_version": oldest}
 
 
 # ---- running a simulation ---------------------------------------------------------------------
@@ -445,3 +482,206 @@ def simulate(cfg: SimConfig, admission: AdmissionConfig) -> dict[str, Any]:
     out = run_virtual(_simulate(cfg, admission))
     out["wall_s"] = round(time.perf_counter() - t, 2)
     return out
+
+
+# ---- the learner: a training run, synchronous or overlapped -----------------------------------
+
+class LearnerConfig(_Model):
+    """A training run on the modelled world: what each step consumes and what its update and push cost.
+
+    Staleness as `tryloop train` counts it: the initial weights are version 0, step s's push makes
+    version s + 1, step s trains from version s, and an episode's staleness is s minus the version of
+    its oldest token. Overlapped, an episode more than `max_staleness` behind is dropped when it comes
+    back and sampled again, after the rest of its round, once the step's weights (version
+    s - max_staleness) are out.
+
+    Where it differs from `tryloop train`: `ahead` above 1 (the real loop starts one step's rollout
+    at a time); the push stops every GPU for `push_s`, as reloading weights into vLLM or SGLang does,
+    while tryloop's own engine takes new weights between two decode steps and keeps sampling during
+    the rest of a push; no curriculum, refills, evaluations or resume; every episode succeeds.
+    """
+
+    steps: int = Field(8, ge=1, description="training steps")
+    tasks_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1, description="episodes per task; a step consumes tasks_per_step * group_size")
+    update_s: float = Field(30.0, ge=0, description="time of one update (forward, backward, optimizer step)")
+    update_s_per_token: float = Field(0.0, ge=0, description="added to the update per generated token it trains on")
+    update_s_by_step: tuple[float, ...] = Field((), description="measured update times, replayed step by step "
+                                                                "(cycled); replace update_s and update_s_per_token")
+    push_s: float = Field(5.0, ge=0, description="weight push: every sampling GPU stops this long, and its prefix "
+                                                 "cache is emptied")
+    checkpoint_s: float = Field(0.0, ge=0, description="learner time after the push before the next step "
+                                                       "(checkpoint, metrics)")
+    overlap: bool = Field(False, description="sample the next steps' episodes while this step updates")
+    max_staleness: int = Field(1, ge=0, description="overlapped: versions an episode may be behind its step")
+    ahead: int = Field(1, ge=1, description="overlapped: steps whose rollout runs while this one updates "
+                                            "(tryloop train: 1, so staleness never exceeds 1)")
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.tasks_per_step * self.group_size
+
+    def update_time(self, step: int, tokens: int) -> float:
+        if self.update_s_by_step:
+            return self.update_s_by_step[step % len(self.update_s_by_step)]
+        return self.update_s + self.update_s_per_token * tokens
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    # Nearest rank, as benchmarks/overlap.py takes it from the real run.
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 3) if xs else None
+
+
+async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionConfig) -> dict[str, Any]:
+    service = ModelledInference(cfg)
+    per_step = learner.episodes_per_step
+    in_flight_steps = 1 + (learner.ahead if learner.overlap else 0)
+    sched_cfg = sim_scheduler_config(cfg, admission).model_copy(update={"max_queued": per_step * in_flight_steps})
+    sched = Scheduler(ModelledEpisode(cfg, service), sched_cfg, probes={"default": SimProbe(service)})
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    pushed = 0                                  # versions the learner has pushed
+    ready: dict[int, asyncio.Event] = {}
+    consumed: set[tuple[int, int]] = set()     # (step, episode of the step) trained on
+    staleness: dict[int, int] = {}
+    dropped = 0
+    runs = 0
+
+    def version_ready(index: int) -> asyncio.Event:
+        ev = ready.setdefault(index, asyncio.Event())
+        if index <= pushed:
+            ev.set()
+        return ev
+
+    async def collect(step: int) -> tuple[list[dict[str, Any]], float]:
+        """The step's episodes, in rounds as tryloop train runs them: the whole round comes back,
+        then the too-stale ones are sampled again once the step's weights are out."""
+        nonlocal dropped, runs
+        started = loop.time()
+        todo = list(range(per_step))
+        out: list[dict[str, Any]] = []
+        attempt = 0
+        while todo:
+            # A resampled episode gets an id of its own (the scheduler runs an id once), so it
+            # also draws other work: a new sample of the same task.
+            ids = {i: f"s{step}-e{i}-r{attempt}" for i in todo}
+            await sched.submit_many(EpisodeRequest(ids[i], f"task-{step}-{i // learner.group_size}") for i in todo)
+            runs += len(todo)
+            again = []
+            for i in todo:
+                o = await sched.wait(ids[i])
+                sched.forget(ids[i])
+                if not o.ok:
+                    raise RuntimeError(f"simulated episode {ids[i]} ended {o.state}: {o.failure}")
+                st = step - o.result["weights_version"]
+                if learner.overlap and st > learner.max_staleness:
+                    dropped += 1          # never trained on; sampled again below
+                    again.append(i)
+                    continue
+                if not learner.overlap and st != 0:
+                    raise RuntimeError(f"synchronous episode {ids[i]} is {st} versions behind: a simulator bug")
+                if (step, i) in consumed:
+                    raise RuntimeError(f"episode {ids[i]} consumed twice: a simulator bug")
+                consumed.add((step, i))
+                staleness[st] = staleness.get(st, 0) + 1
+                out.append(o.result)
+            if again:     # once this step's weights are out, nothing sampled after is stale
+                await version_ready(step - learner.max_staleness).wait()
+            todo, attempt = again, attempt + 1
+        return out, loop.time() - started
+
+    ends: list[float] = []
+    waits: list[float] = []
+    updates: list[float] = []
+    rollouts: list[float] = []
+    pending: dict[int, asyncio.Task[tuple[list[dict[str, Any]], float]]] = {}
+    limits: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if sched.in_flight:
+                limits.append(sched.admission.limit)
+
+    async with sched:
+        watcher = asyncio.create_task(watch())
+        for step in range(learner.steps):
+            t_step = loop.time()
+            task = pending.pop(step, None)
+            episodes, rollout_s = await task if task is not None else await collect(step)
+            waits.append(loop.time() - t_step)
+            rollouts.append(rollout_s)
+            if learner.overlap:     # the next steps sample while this one updates
+                for nxt in range(step + 1, min(step + 1 + learner.ahead, learner.steps)):
+                    if nxt not in pending:
+                        pending[nxt] = asyncio.create_task(collect(nxt))
+                await asyncio.sleep(0)    # let them submit their episodes before the update
+            update_s = learner.update_time(step, sum(e["generated_tokens"] for e in episodes))
+            updates.append(update_s)
+            await asyncio.sleep(update_s)
+            # The push: every GPU stops while it loads version step + 1; episodes in flight resume
+            # after it, and whatever they decode from then on is of the new weights.
+            service.push(learner.push_s, step + 1)
+            await asyncio.sleep(learner.push_s)
+            pushed = step + 1
+            version_ready(pushed).set()
+            await asyncio.sleep(learner.checkpoint_s)
+            ends.append(loop.time())
+        watcher.cancel()
+        now = loop.time()
+        admission_changes = sched.summary()["admission"]["changes"]
+    makespan = now - t0
+    gpu = service.report(now)
+    intervals = [b - a for a, b in zip(ends, ends[1:], strict=False)]   # step 0 has nothing to overlap with
+    hist = dict(sorted(staleness.items()))
+    n = sum(hist.values())
+    return {
+        "mode": "overlapped" if learner.overlap else "synchronous",
+        "max_staleness": learner.max_staleness if learner.overlap else 0,
+        "ahead": learner.ahead if learner.overlap else 0,
+        "steps": learner.steps,
+        "episodes_per_step": per_step,
+        "makespan_s": round(makespan, 1),
+        "step_interval_s": {"p50": _pct(intervals, 0.5), "p90": _pct(intervals, 0.9),
+                            "mean": round(sum(intervals) / len(intervals), 3) if intervals else None},
+        "learner_wait_s": {"p50": _pct(waits[1:], 0.5), "p90": _pct(waits[1:], 0.9)},
+        "learner_idle_share": round(sum(waits) / makespan, 4) if makespan > 0 else 0.0,
+        "rollout_wall_s": {"p50": _pct(rollouts[1:], 0.5), "p90": _pct(rollouts[1:], 0.9),
+                           "mean": round(sum(rollouts[1:]) / len(rollouts[1:]), 3) if rollouts[1:] else None},
+        "update_s_mean": round(sum(updates) / len(updates), 3),
+        "gpu_busy_share": round(1 - gpu["gpu_idle_share"], 4),
+        "gpu_paused_share": gpu["gpu_paused_share"],
+        "gpu_recompute_share": gpu["gpu_recompute_share"],
+        "decode_share_of_peak": gpu["decode_share_of_peak"],
+        "staleness": {"histogram": {str(k): v for k, v in hist.items()}, "max": max(hist, default=0),
+                      "mean": round(sum(k * v for k, v in hist.items()) / n, 4) if n else 0.0},
+        "stale_dropped": dropped,
+        "admission_limit": {"min": min(limits, default=admission.initial), "max": max(limits, default=admission.initial),
+                            "mean": round(sum(limits) / len(limits), 1) if limits else admission.initial,
+                            "changes": admission_changes},
+        "episodes_consumed": len(consumed),
+        "episodes_run": runs,
+    }
+
+
+def simulate_training(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionConfig) -> dict[str, Any]:
+    """Run one training run on virtual time: the learner's steps (update, then a push that pauses
+    every GPU) against the modelled GPUs and sandboxes, synchronous or overlapped per `learner`.
+    Returns makespan, step intervals, the learner's wait, GPU shares and staleness."""
+    t = time.perf_counter()
+    out = run_virtual(_train(cfg, learner, admission))
+    out["wall_s"] = round(time.perf_counter() - t, 2)
+    return out
+
+
+def compare_training(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionConfig) -> dict[str, Any]:
+    """The same workload and seed, synchronous and overlapped (with `learner`'s staleness bound),
+    side by side; `speedup` is the synchronous makespan over the overlapped one."""
+    sync = simulate_training(cfg, learner.model_copy(update={"overlap": False}), admission)
+    over = simulate_training(cfg, learner.model_copy(update={"overlap": True}), admission)
+    p50 = sync["step_interval_s"]["p50"], over["step_interval_s"]["p50"]
+    return {"synchronous": sync, "overlapped": over,
+            "ratios": {"makespan": round(over["makespan_s"] / sync["makespan_s"], 4),
+                       "step_interval_p50": round(p50[1] / p50[0], 4) if p50[0] and p50[1] else None,
+                       "speedup": round(sync["makespan_s"] / over["makespan_s"], 4)}}
