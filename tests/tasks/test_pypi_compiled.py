@@ -28,7 +28,8 @@ from tryloop.rewards.spec import Component, RewardSpec
 from tryloop.rewards.submission import Submission
 from tryloop.rewards.verifier import verify
 from tryloop.sandbox.build import ImageSpec, Step, _step_key
-from tryloop.sandbox.catalog import list_images, resolve
+from tryloop.sandbox.catalog import list_images, resolve, tag_image
+from tryloop.sandbox.debian import debian_root
 from tryloop.tasks.factory import ProjectTestsFail, check_project, synthesize
 from tryloop.tasks.gate import GateConfig, GateReport, validate
 from tryloop.tasks.harness import task_snapshot
@@ -208,6 +209,24 @@ def test_cli_flags_set_the_config_and_the_tasks_image(tmp_path, monkeypatch):
 @pytest.mark.network
 @needs_root
 async def test_a_pypi_project_with_c_extensions_end_to_end(runtime, tmp_path):
+    """On the host-derived root: the host's compiler and headers, in a build sandbox."""
+    await _end_to_end(runtime, tmp_path, keep=2)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@needs_root
+async def test_a_pypi_project_with_c_extensions_on_a_debian_root(runtime, tmp_path):
+    """On a Debian root with a compiler (`tryloop image debian gcc libc6-dev ca-certificates`): the
+    build sandbox has Debian's gcc and no host directory but the host's Python."""
+    t0 = time.monotonic()
+    root = await debian_root(runtime, ["gcc", "libc6-dev", "ca-certificates"])
+    tag_image(runtime.store, "cc", root.id)
+    print(f"\nDebian root with gcc, libc6-dev, ca-certificates: {time.monotonic() - t0:.1f}s")
+    await _end_to_end(runtime, tmp_path, keep=1, base="cc")
+
+
+async def _end_to_end(runtime, tmp_path: Path, *, keep: int, base: str | None = None) -> None:
     t0 = time.monotonic()
     project = project_from_sdist(SPEC, tmp_path / "work")
     fetch_s = time.monotonic() - t0
@@ -220,10 +239,10 @@ async def test_a_pypi_project_with_c_extensions_end_to_end(runtime, tmp_path):
 
     # The environment: the sdist's wheel built in a build sandbox, only its extension modules kept.
     t0 = time.monotonic()
-    iid = await build_environment(runtime, project)
+    iid = await build_environment(runtime, project, base=base)
     cold = time.monotonic() - t0
     t0 = time.monotonic()
-    assert await build_environment(runtime, project) == iid  # cached: the same id
+    assert await build_environment(runtime, project, base=base) == iid  # cached: the same id
     warm = time.monotonic() - t0
     env = project.origin["environment"]
     assert env["image"] == iid and resolve(runtime.store, environment_tag(project)) == iid
@@ -244,11 +263,11 @@ async def test_a_pypi_project_with_c_extensions_end_to_end(runtime, tmp_path):
     store, report = TaskStore(str(tmp_path / "tasks")), GateReport()
     gate = GateConfig(k=3, require_pass_to_pass=True)
     t0 = time.monotonic()
-    kept = await synthesize(runtime, store, project, tmp_path / "cands", keep=2, gate=gate, report=report,
+    kept = await synthesize(runtime, store, project, tmp_path / "cands", keep=keep, gate=gate, report=report,
                             image=iid, max_candidates=20)
     synth_s = time.monotonic() - t0
-    assert len(kept) == 2, report.rejected
-    lines = [f"\nsdist fetched in {fetch_s:.1f}s; environment {iid[:12]} built cold in {cold:.1f}s, "
+    assert len(kept) == keep, report.rejected
+    lines = [f"\n{base or 'host-derived root'}: sdist fetched in {fetch_s:.1f}s; environment {iid[:12]} built cold in {cold:.1f}s, "
              f"warm in {warm:.2f}s; its layers {row.size_bytes / 2**20:.2f} MiB on disk "
              f"({row.unique_bytes / 2**20:.2f} MiB its own); baseline run {baseline_s:.1f}s; "
              f"{len(kept)} tasks kept in {synth_s:.1f}s ({report.total_kept + report.total_rejected} candidates)"]
