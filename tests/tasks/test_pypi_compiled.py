@@ -201,6 +201,19 @@ def test_cli_flags_set_the_config_and_the_tasks_image(tmp_path, monkeypatch):
     assert r.exit_code != 0 and seen == {"checked": None}, r.output
     out = " ".join(r.output.split())
     assert "No module named 'cext._speed'" in out and "cext/_speed.c" in out and "--build-extensions" in out
+    r = CliRunner().invoke(cli, ["tasks", "synth", str(tmp_path), "--image", "deb", "--config", str(conf)])
+    assert r.exit_code != 0 and "go with --pypi" in " ".join(r.output.split()), r.output
+
+
+def test_the_error_lines_of_a_failed_run_are_named():
+    from tryloop.tasks.factory import _error_lines
+
+    out = ("ImportError while importing test module '/workspace/cext/test_cext.py'.\n"
+           "E   ModuleNotFoundError: No module named 'cext._speed'\n"
+           "E   ModuleNotFoundError: No module named 'cext._speed'\n"
+           "FAILED cext/test_x.py::test_y - AssertionError: assert 1 == 2\n")
+    assert _error_lines(out) == ["ModuleNotFoundError: No module named 'cext._speed'",
+                                 "AssertionError: assert 1 == 2"]
 
 
 # ---- end to end: a real sdist, its C extensions, the gate and the verifier -----------------

@@ -205,6 +205,8 @@ def synth(
 
     cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url, build_extensions=build_extensions,
                image=image)
+    if (build_extensions or image) and not pypi:
+        raise typer.BadParameter("--build-extensions and --image go with --pypi")
     work = _work_dir(cfg)
     if family is not None:
         if family not in FAMILIES:
