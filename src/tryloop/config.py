@@ -122,6 +122,13 @@ class TasksConfig(_Model):
     pypi_index_url: str | None = Field(None, description="`tasks synth --pypi`: the simple index (PEP 503/691, "
                                                          "http(s):// or file://) sdists are fetched from; null: "
                                                          "the host pip's index-url, else PyPI")
+    pypi_build_extensions: bool = Field(False, description="`tasks synth --pypi`: build the sdist's extension "
+                                                           "modules (C, Cython...) in a build sandbox into an "
+                                                           "environment image `pypi/<name>:<version>` on "
+                                                           "`pypi_image`, and run the tasks on it")
+    pypi_image: str | None = Field(None, description="`tasks synth --pypi`: the image (name or id) the tasks run "
+                                                     "on, or with pypi_build_extensions the one their environment "
+                                                     "is built on; null: the host-derived root")
     seed: int = 0
 
     def eval_fraction_for(self, source: str | None) -> float:

@@ -323,7 +323,14 @@ def test_pypi_import_through_the_cli_flag_runs_nothing_on_the_host(tmp_path, mon
         seen["project"] = project
         return []
 
+    async def fake_check(rt, project, work, *, image=None):  # the project's own run in a sandbox
+
+        class Run:
+            passing, wall_s = {"tests/test_evilpkg.py::test_one"}, 0.1
+        return Run()
+
     monkeypatch.setattr("tryloop.tasks.factory.synthesize", fake_synthesize)
+    monkeypatch.setattr("tryloop.tasks.factory.check_project", fake_check)
     monkeypatch.setattr("tryloop.sandbox.SandboxRuntime", lambda cfg: None)
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
     cfg = tmp_path / "c.yaml"

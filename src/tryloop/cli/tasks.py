@@ -28,7 +28,8 @@ Seed = Annotated[int | None, typer.Option("--seed", help="tasks.seed")]
 def _cfg(config, **kw):
     names = {"store": "tasks.store_url", "k": "tasks.gate_k", "budget": "tasks.time_budget_s",
              "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed",
-             "index_url": "tasks.pypi_index_url"}
+             "index_url": "tasks.pypi_index_url", "build_extensions": "tasks.pypi_build_extensions",
+             "image": "tasks.pypi_image"}
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
 
 
@@ -174,6 +175,12 @@ def synth(
     index_url: Annotated[str | None, typer.Option("--index-url", help="--pypi: the simple index to fetch the "
                                                                       "sdist from (http(s):// or file://; "
                                                                       "tasks.pypi_index_url)")] = None,
+    build_extensions: Annotated[bool | None, typer.Option(
+        "--build-extensions/--no-build-extensions", help="--pypi: build the sdist's extension modules in a build "
+        "sandbox into an environment image the tasks run on (tasks.pypi_build_extensions)")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="--pypi: the image the tasks run on, or that "
+                                              "--build-extensions builds on (tasks.pypi_image; default: the "
+                                              "host-derived root)")] = None,
     keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
     operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
@@ -196,7 +203,10 @@ def synth(
     from tryloop.tasks.families import FAMILIES
     from tryloop.tasks.gate import GateReport
 
-    cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url)
+    cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url, build_extensions=build_extensions,
+               image=image)
+    if (build_extensions or image) and not pypi:
+        raise typer.BadParameter("--build-extensions and --image go with --pypi")
     work = _work_dir(cfg)
     if family is not None:
         if family not in FAMILIES:
@@ -224,6 +234,10 @@ def synth(
     else:
         raise typer.BadParameter("give a project directory, --git, --pypi or --family")
     report = GateReport()
+    env_image = None
+    if pypi:
+        env_image = run_cli(lambda: asyncio.run(_pypi_environment(cfg, project)))
+        run_cli(lambda: asyncio.run(_check_pypi_project(cfg, project, work, env_image)))
 
     async def go():
         rt = SandboxRuntime(cfg.runtime)
@@ -232,11 +246,61 @@ def synth(
             return await synthesize(rt, _store(cfg), project, work, keep=keep, seed=cfg.tasks.seed,
                                     operators=operators, gate=_gate(cfg, True), report=report,
                                     eval_fraction=cfg.tasks.eval_fraction,
-                                    substeps=code_substeps() if substeps else None,
+                                    substeps=code_substeps() if substeps else None, image=env_image,
                                     progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
     kept = run_cli(lambda: asyncio.run(go()))
     print_report(report, f"{project.name}: {len(kept)} task(s) kept")
+
+
+async def _pypi_environment(cfg, project) -> str | None:
+    """The environment image id the tasks of an sdist's project run on (None: the host-derived
+    root): with `tasks.pypi_build_extensions`, its extension modules built in a build sandbox on
+    `tasks.pypi_image`; else that image as it is."""
+    import time
+
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.sandbox.catalog import resolve
+    from tryloop.tasks.sources import pypi
+
+    tc = cfg.tasks
+    if not tc.pypi_build_extensions:
+        if tc.pypi_image is None:
+            return None
+        try:
+            return resolve(SandboxRuntime(cfg.runtime).store, tc.pypi_image)
+        except KeyError:
+            raise typer.BadParameter(f"--image {tc.pypi_image}: no such image (tryloop image ls)") from None
+    rt = SandboxRuntime(cfg.runtime)
+    console.print(f"the environment of {project.name}: {pypi.environment_tag(project)} "
+                  f"on {tc.pypi_image or 'the host-derived root'}")
+    t0 = time.perf_counter()
+    iid = await pypi.build_environment(rt, project, base=tc.pypi_image, on_step=lambda m: console.print(f"  {m}"))
+    built = project.origin["environment"]["built"]
+    console.print(f"  image {iid[:12]} ({time.perf_counter() - t0:.2f}s): {', '.join(built)}")
+    return iid
+
+
+async def _check_pypi_project(cfg, project, work: Path, image: str | None) -> None:
+    """The sdist's own tests, once, in a sandbox as its tasks' would be: fail with what went wrong
+    (and how to build its compiled parts) rather than gate every candidate in vain."""
+    from tryloop.sandbox import SandboxRuntime
+    from tryloop.tasks.factory import ProjectTestsFail, check_project
+    from tryloop.tasks.sources import pypi
+
+    compiled = [] if cfg.tasks.pypi_build_extensions else pypi.compiled_sources(project.root)
+    try:
+        run = await check_project(SandboxRuntime(cfg.runtime), project, work, image=image)
+    except ProjectTestsFail as e:
+        if compiled:
+            raise ProjectTestsFail(f"{e}. It has sources a build compiles ({', '.join(compiled[:3])}), never "
+                                   "built on this host: --build-extensions (tasks.pypi_build_extensions) builds "
+                                   "them in a build sandbox into the tasks' environment image") from None
+        raise
+    console.print(f"{project.name}'s own tests in a sandbox: {len(run.passing)} passed ({run.wall_s:.1f}s)")
+    if compiled:
+        console.print(f"[yellow]note[/]: {project.name} has sources a build compiles ({', '.join(compiled[:3])}), not "
+                      "built (its tests pass without them); --build-extensions builds them in a build sandbox")
 
 
 @app.command()

@@ -6,6 +6,8 @@
       - pip: ["six==1.16.0"]   # installed into /opt/tryloop/site (on PYTHONPATH)
       - files: {/opt/data/words.txt: ./words.txt}
       - run: "echo ready > /opt/tryloop/marker"
+      - run: "cd /tmp && cp -R /opt/src b && ... > /workspace/out"
+        inputs: {/opt/src: ./project}   # seen by this step only, not part of the image
 
 A step's cache key is the image it starts from plus the step itself, so
 editing one step rebuilds it and everything after it, and nothing before.
@@ -38,6 +40,10 @@ class Step(_Model):
     pip: list[str] | None = None
     files: dict[str, str] | None = None
     run: str | None = None
+    inputs: dict[str, str] | None = Field(None, description="`run` only: files or directories laid over the "
+                                                             "image for this step alone (owned by the step's "
+                                                             "uid); the image keeps what the step writes, not "
+                                                             "them")
     network: bool = False
     timeout_s: float = Field(900.0, gt=0)
 
@@ -46,6 +52,8 @@ class Step(_Model):
         kinds = [k for k in ("pip", "files", "run") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError(f"a step has exactly one of pip / files / run, got {kinds or 'none'}")
+        if self.inputs is not None and self.run is None:
+            raise ValueError("only a run step takes inputs")
         return self
 
     @property
@@ -71,15 +79,19 @@ def load_spec(path: str | Path) -> ImageSpec:
 
 def _step_key(parent: str, step: Step, spec: ImageSpec) -> str:
     doc = step.model_dump()
-    if step.files:
+    for field, sources in (("files", step.files), ("inputs", step.inputs)):
+        if not sources:
+            continue
         # Content of the sources, not just their names, decides the cache key.
         h = hashlib.sha256()
-        for dst, src in sorted(step.files.items()):
+        for dst, src in sorted(sources.items()):
             p = _source(spec, src)
             for f in sorted([p] if p.is_file() else [x for x in p.rglob("*") if x.is_file()]):
                 h.update(f"{dst}:{f.relative_to(p) if p.is_dir() else ''}\n".encode())
                 h.update(f.read_bytes())
-        doc["files_digest"] = h.hexdigest()
+        doc[f"{field}_digest"] = h.hexdigest()
+    if step.inputs:  # where the inputs come from on this host is not part of the step, their content is
+        doc["inputs"] = sorted(step.inputs)
     return hashlib.sha256(json.dumps([parent, doc], sort_keys=True).encode()).hexdigest()
 
 
@@ -149,19 +161,23 @@ def _describe(step: Step) -> str:
     return "run " + (step.run or "")
 
 
+def _files_layer(runtime, spec: ImageSpec, files: dict[str, str], **owner) -> str:
+    with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as tmp:
+        root = Path(tmp)
+        for dst, src in files.items():
+            p = _source(spec, src)
+            target = root / dst.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if p.is_dir():
+                shutil.copytree(p, target, symlinks=True)
+            else:
+                shutil.copy2(p, target)
+        return runtime.store.add_tree(root, **owner)
+
+
 async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
     if step.files is not None:
-        with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as tmp:
-            root = Path(tmp)
-            for dst, src in step.files.items():
-                p = _source(spec, src)
-                target = root / dst.lstrip("/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if p.is_dir():
-                    shutil.copytree(p, target, symlinks=True)
-                else:
-                    shutil.copy2(p, target)
-            return runtime.store.add_tree(root)
+        return _files_layer(runtime, spec, step.files)
     if step.pip is not None:
         import shlex
 
@@ -173,7 +189,10 @@ async def _run_step(runtime, img: Image, step: Step, spec: ImageSpec) -> str:
     cfg = SandboxConfig(network=network, uid=spec.uid, gid=spec.gid,
                         limits=SandboxLimits(memory_mb=4096, disk_mb=8192, pids=1024, exec_timeout_s=step.timeout_s))
     env = {"HOME": "/tmp", **(network_env() if network else {})}
-    snap = Snapshot(img.id, ())
+    # A run step's inputs are a layer of the step's sandbox only: its writable layer (the step's
+    # layer) holds what the step wrote, never them.
+    snap = Snapshot(img.id, (_files_layer(runtime, spec, step.inputs, uid=spec.uid, gid=spec.gid),)
+                    if step.inputs else ())
     async with await runtime.create(snap, cfg) as sb:
         res = await sb.exec(cmd, cwd="/", env=env)
         if not res.ok:

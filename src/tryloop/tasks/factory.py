@@ -19,7 +19,7 @@ from tryloop.assets import ASSETS
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.difficulty import static_difficulty
 from tryloop.tasks.gate import GateConfig, GateReport, GateResult, validate
-from tryloop.tasks.model import SubStep, SubSteps, Task, TaskMeta
+from tryloop.tasks.model import SubStep, SubSteps, Task, TaskError, TaskMeta
 from tryloop.tasks.project import Project
 from tryloop.tasks.splits import assign_split, eval_share
 from tryloop.tasks.store import Entry, TaskStore
@@ -150,13 +150,59 @@ async def admit(runtime: SandboxRuntime, store: TaskStore, task: Task, report: G
     return store.add(task, {"k": gate.k, "max_test_s": round(result.max_test_s, 3), "flaky": result.flaky})
 
 
+class ProjectTestsFail(TaskError):
+    """The project's own tests, unmutated, do not pass in a task's sandbox: no bug planted in it
+    could pass the gate (its reference would fail), so nothing is tried."""
+
+
+def _error_lines(output: str, limit: int = 3) -> list[str]:
+    """The distinct `...Error: ...` lines of a test run's output (the first `limit`)."""
+    import re
+
+    seen: list[str] = []
+    for line in output.splitlines():
+        m = re.search(r"\b([A-Za-z_.]*(?:Error|Exception): .+)$", line)
+        if m and m.group(1).strip() not in seen:
+            seen.append(m.group(1).strip())
+    return seen[:limit]
+
+
+async def check_project(runtime: SandboxRuntime, project: Project, work_dir: Path, *,
+                        image: str | None = None):
+    """Run the project's tests once, unmutated, in a sandbox as its tasks' would be (on `image`,
+    else the host-derived root) and return the TestRun; raise ProjectTestsFail naming what failed
+    (its errors, such as a missing compiled extension) when no test passes."""
+    from tryloop.tasks.testrun import run_tests
+
+    ws, tests = project.split_files()
+    meta = TaskMeta(id=f"{project.name}/baseline", family=f"{project.name}-baseline", project=project.name,
+                    source="mutation", test_command=project.test_command, image=image)
+    task = Task.create(work_dir / "baseline" / project.name, meta, "(the project's own tests)", workspace=ws,
+                       tests=tests, solution={})
+    run = await run_tests(runtime, task, with_solution=False)
+    bad = sorted(t for t, o in run.outcomes.items() if o in ("failed", "error"))
+    if run.reported and run.passing and not run.timed_out:
+        return run
+    where = f"image {image[:12]}" if image else "the host-derived root"
+    what = ("timed out" if run.timed_out else
+            f"{len(run.passing)} passed, {len(bad)} failed or errored" if run.reported else
+            f"no per-test report (exit {run.exit_code})")
+    errors = _error_lines(run.output_tail)
+    raise ProjectTestsFail(f"{project.name}: its own tests do not pass in a sandbox on {where} ({what})"
+                           + (": " + "; ".join(errors) if errors else "")
+                           + (f"; first failing: {', '.join(bad[:3])}" if bad else ""))
+
+
 async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project, work_dir: Path, *,
                      keep: int, seed: int = 0, operators: Iterable[str] | None = None,
                      gate: GateConfig | None = None, report: GateReport | None = None,
                      max_candidates: int | None = None, eval_fraction: float | None = None,
-                     progress: Progress | None = None, substeps: SubSteps | None = None) -> list[Entry]:
+                     progress: Progress | None = None, substeps: SubSteps | None = None,
+                     image: str | None = None) -> list[Entry]:
     """Plant bugs in `project` with AST mutations until `keep` tasks pass the gate. `substeps`: the
-    tasks declare them (e.g. `code_substeps()`: a repro test, then the fix)."""
+    tasks declare them (e.g. `code_substeps()`: a repro test, then the fix). `image`: the id of the
+    environment image the tasks run on (`meta.image`: the gate's, the agent's and the verifier's
+    sandboxes; part of each task's fingerprint); None: the host-derived root."""
     from tryloop.tasks.mutate import candidates
     from tryloop.tasks.report import bug_report, leaks_fix
 
@@ -173,7 +219,7 @@ async def synthesize(runtime: SandboxRuntime, store: TaskStore, project: Project
                         family=f"{project.name}-{m.id}", project=project.name, source="mutation",
                         test_command=project.test_command, tags=["mutation", m.operator.split(":")[0]],
                         origin={"operator": m.operator, "path": m.path, "line": m.lineno, "summary": m.summary,
-                                "project": project.origin}, substeps=substeps)
+                                "project": project.origin}, substeps=substeps, image=image)
         cand = Task.create(work_dir / meta.id, meta, "(bug report written after the gate)", workspace=files,
                            tests=tests, solution=m.solution())
 

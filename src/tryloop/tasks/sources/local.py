@@ -115,7 +115,8 @@ def _is_test_file(name: str) -> bool:
 
 def detect_test_paths(root: Path) -> list[str]:
     """Where a project's tests are: `tests/` or `test/`, and `test_*.py` / `*_test.py` at the top
-    level; failing those, `tests/` or `test/` one package down (`pkg/tests`, `src/pkg/tests`)."""
+    level; failing those, `tests/` or `test/` one package down (`pkg/tests`, `src/pkg/tests`), and
+    failing those, test modules in a package (`pkg/test_*.py`, as bitarray ships them)."""
     root = Path(root)
     paths = [d for d in TEST_DIRS if (root / d).is_dir()]
     paths += sorted(p.name for p in root.iterdir() if p.is_file() and _is_test_file(p.name))
@@ -125,8 +126,11 @@ def detect_test_paths(root: Path) -> list[str]:
                and not ignored(p.name)]
     if (root / "src").is_dir():
         parents += [p for p in sorted((root / "src").iterdir()) if p.is_dir() and not ignored(p.name)]
-    return [f"{p.relative_to(root).as_posix()}/{d}" for p in parents for d in TEST_DIRS
-            if (p / d).is_dir()]
+    paths = [f"{p.relative_to(root).as_posix()}/{d}" for p in parents for d in TEST_DIRS if (p / d).is_dir()]
+    if paths:
+        return paths
+    return [f"{p.relative_to(root).as_posix()}/{f.name}" for p in parents if (p / "__init__.py").is_file()
+            for f in sorted(p.iterdir()) if f.is_file() and _is_test_file(f.name)]
 
 
 def is_src_layout(root: Path) -> bool:

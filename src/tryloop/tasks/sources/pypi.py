@@ -22,10 +22,11 @@ The project is not built or installed: the test command is
 `python3 -m pytest -q <test paths>`, which imports a flat-layout package from
 the working directory, plus `-o pythonpath=src` for a src layout (see
 `default_test_command`); the sdist's own code first runs there, in the task's
-sandbox (quality gate, verifier). Packages whose tests need compiled extensions,
-a build step or dependencies missing from the sandbox image fail the quality
-gate instead of passing here; what they need is built into an image
-(`tryloop image build`), whose steps run in build sandboxes.
+sandbox (quality gate, verifier). Its compiled extensions are built, when asked
+(`build_environment`, `tasks synth --build-extensions`), in a build sandbox into
+an environment image holding only the extension modules, which the tasks run
+on; never on this host. Dependencies missing from the sandbox image go into an
+image (`tryloop image build`) whose steps run in build sandboxes.
 """
 
 from __future__ import annotations
@@ -287,3 +288,138 @@ def project_from_sdist(spec: str, work_dir: str | Path, *, test_command: str | N
     archive = download_sdist(spec, work_dir / "sdist", index_url=index_url)
     return project_from_archive(archive, work_dir, spec=spec, test_command=test_command,
                                 test_paths=test_paths)
+
+
+# ---- environment images: the sdist's compiled parts, built in a build sandbox ----------------
+
+#: Sources a build backend compiles (C, C++, Cython, Fortran, Rust).
+COMPILED_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".pyx", ".f", ".f90", ".rs")
+#: Where the sdist's tree lies in the build step's sandbox (an input of that step only).
+SDIST_INPUT = "/opt/tryloop/sdist"
+#: Where this host's CA bundle lies in that step, on a base other than the host-derived root.
+HOST_CA = "/opt/tryloop/host-ca.crt"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+# Run with the task's interpreter in the build sandbox: copy the extension modules of the wheel
+# pip built into the working directory, at the place of their package in the project's tree
+# (`pkg/` or `src/pkg/`), and print each path.
+_PLACE_EXTENSIONS = r"""
+import glob, os, sys, zipfile
+wheels, src, ws = glob.glob(sys.argv[1] + "/*.whl"), sys.argv[2], sys.argv[3]
+if len(wheels) != 1:
+    sys.exit(f"expected one wheel, found {wheels}")
+placed = []
+with zipfile.ZipFile(wheels[0]) as z:
+    for name in z.namelist():
+        if not name.endswith((".so", ".pyd")) or name.split("/")[0].endswith((".data", ".dist-info")):
+            continue
+        d = os.path.dirname(name)
+        prefix = "src/" if (os.path.isdir(os.path.join(src, "src", d)) and not os.path.isdir(os.path.join(src, d))
+                            if d else os.path.isdir(os.path.join(src, "src"))) else ""
+        dest = os.path.join(ws, prefix + name)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with z.open(name) as f, open(dest, "wb") as out:
+            out.write(f.read())
+        os.chmod(dest, 0o755)
+        placed.append(prefix + name)
+if not placed:
+    sys.exit(f"{os.path.basename(wheels[0])} has no compiled extension module (.so): nothing to build")
+print("\n".join(placed))
+"""
+
+
+def compiled_sources(root: str | Path) -> list[str]:
+    """The project's sources a build compiles (`*.c`, `*.pyx`, ...), relative paths, sorted."""
+    from tryloop.tasks.project import ignored
+
+    root = Path(root)
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and p.suffix.lower() in COMPILED_SUFFIXES
+                  and not ignored(p.relative_to(root).as_posix()))
+
+
+def _version(project: Project) -> str:
+    spec = project.origin.get("spec")
+    if spec:
+        return parse_spec(spec)[1]
+    sdist = project.origin.get("sdist", project.root.name)
+    for suffix in ARCHIVE_SUFFIXES:
+        sdist = sdist.removesuffix(suffix)
+    return sdist.rsplit("-", 1)[-1] if "-" in sdist else "latest"
+
+
+def environment_tag(project: Project) -> str:
+    """`pypi/<name>:<version>`, the name an environment image of the project gets."""
+    return f"pypi/{project.name}:{re.sub(r'[^A-Za-z0-9._-]', '_', _version(project))}"
+
+
+def environment_spec(project: Project, *, base: str = "host", workdir: str = "/workspace",
+                     empty_dir: str | Path | None = None, ca_bundle: str | Path | None = None):
+    """The image spec of a project's environment: `base` (the host-derived root, or an image id)
+    and one `run` step, in a build sandbox with the filtered network, that builds a wheel of the
+    sdist with the host's Python (`pip wheel --no-deps`: the build backend, setup.py, the
+    compiler and what `build-system.requires` names from the index, all in the sandbox) and keeps
+    only its extension modules, in `workdir` at the place of their package. The sdist's tree is
+    the step's input, not part of the image: the image holds the built `.so` files alone, and a
+    task's workspace (the sources, mutated or not) is laid over them. `empty_dir` (an empty
+    directory of this host) is laid at `workdir` as another input, owned by the step's uid, for a
+    base whose working directory is missing or not the build user's (a Debian root); `ca_bundle`
+    (this host's CA certificates) is another, which pip trusts, as the host's pip does, on a base
+    whose own bundle lacks the authorities of the host's network (a TLS proxy's)."""
+    import shlex
+
+    from tryloop.sandbox.build import ImageSpec, Step
+
+    build, wheel = "/tmp/tryloop-build", "/tmp/tryloop-wheel"
+    script = " && ".join([
+        *([f"export PIP_CERT={HOST_CA} SSL_CERT_FILE={HOST_CA}"] if ca_bundle is not None else []),
+        f"rm -rf {build} {wheel}", f"cp -R {SDIST_INPUT} {build}", f"cd {build}",
+        f"python3 -m pip wheel --no-deps --no-cache-dir --disable-pip-version-check -w {wheel} .",
+        f"python3 -c {shlex.quote(_PLACE_EXTENSIONS)} {wheel} {build} {shlex.quote(workdir)}",
+        f"cd / && rm -rf {build} {wheel}"])
+    inputs = {SDIST_INPUT: str(project.root)}
+    if empty_dir is not None:
+        inputs[workdir] = str(empty_dir)
+    if ca_bundle is not None:
+        inputs[HOST_CA] = str(ca_bundle)
+    return ImageSpec(base=base, steps=[Step(run=script, inputs=inputs, network=True, timeout_s=1800)])
+
+
+async def build_environment(runtime, project: Project, *, base: str | None = None, on_step=None) -> str:
+    """Build the environment image of an sdist's project (`environment_spec`) on `base` (an image
+    name or id; None: the host-derived root), name it `pypi/<name>:<version>`, record it in
+    `project.origin['environment']` (image id, tag, base, the extension modules built) and return
+    its id. The build runs in a build sandbox, never on the host; a failure raises BuildError
+    naming the project and the step."""
+    from tryloop.errors import SandboxError
+    from tryloop.sandbox.build import build_image
+    from tryloop.sandbox.catalog import resolve, tag_image
+    from tryloop.sandbox.dockerfile import BuildError
+
+    base_id, workdir = "host", "/workspace"
+    if base is not None:
+        try:
+            base_id = resolve(runtime.store, base)
+        except KeyError:
+            raise BuildError(f"{project.name}: the environment's base image {base!r} is not in the image store "
+                             f"{runtime.store.root} (tryloop image ls)") from None
+        # The wheel is built with the host's Python (the interpreter the tests run with).
+        # (The image built on it has the config's working directory, /workspace, as tasks expect.)
+        base_id = runtime.with_host_python(base_id).id
+    try:
+        with tempfile.TemporaryDirectory(dir=runtime.store.tmp_dir) as empty:
+            spec = environment_spec(project, base=base_id, workdir=workdir,
+                                    empty_dir=None if base is None else empty,
+                                    ca_bundle=HOST_CA_BUNDLE if base is not None and HOST_CA_BUNDLE.is_file()
+                                    else None)
+            image = await build_image(runtime, spec, on_step=on_step and (
+                lambda i, n, what, hit: on_step(f"{i}/{n} build the sdist's wheel, keep its extension modules "
+                                                f"({'cached' if hit else 'built'})")))
+    except SandboxError as e:
+        raise BuildError(f"{project.name}: the environment {environment_tag(project)} did not build: {e}") from None
+    top = runtime.store.path(image.layers[0]) / workdir.strip("/")
+    built = sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file()) if top.is_dir() else []
+    tag_image(runtime.store, environment_tag(project), image.id)
+    project.origin["environment"] = {"image": image.id, "tag": environment_tag(project),
+                                     "base": base or "host", "built": built}
+    return image.id
