@@ -103,7 +103,18 @@ async def test_requests_are_spread_over_the_endpoints_and_pushes_reach_each(serv
         outs = await asyncio.gather(*[s.generate([1, 2, 3], max_new_tokens=2, temperature=0.0) for _ in range(4)])
         assert sorted(o.endpoint for o in outs) == sorted([url, url, url2, url2])
         assert [ep.requests for ep in s.endpoints] == [2, 2]
+        # While a push is under way every endpoint stays usable (overlapped rollouts sample through
+        # it): none switches to the new version before the last one has answered.
+        real, usable = s._push_one, []
+
+        async def watched(ep, *args):
+            out = await real(ep, *args)
+            usable.append(len(s._order()))
+            return out
+
+        s._push_one = watched
         await s.push(engine.model.state_dict(), version="spread-1")
+        assert usable == [2, 2] and s.live() == [url, url2]
         assert [len(ep.push_s) for ep in s.endpoints] == [1, 1] and engine.weights_version == "spread-1"
         out = await s.generate([1, 2, 3], max_new_tokens=2, temperature=0.0)
         assert out.weights_versions == ("spread-1",)

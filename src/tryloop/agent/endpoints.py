@@ -288,7 +288,7 @@ class EndpointSampler:
                 data = await asyncio.to_thread(weights_io.to_bytes, weights, version=version)
                 req = {"content": data, "headers": {"Content-Type": "application/octet-stream",
                                                     "X-Weights-Version": version}}
-            await self._push_all("/v1/weights", req, version)
+            took = await self._push_all("/v1/weights", req, version)
         else:
             assert self.weights_dir is not None
             folder = written = self.weights_dir / _safe(version)
@@ -299,9 +299,13 @@ class EndpointSampler:
             else:
                 path, body = "/collective_rpc", {"method": "reload_weights",
                                                  "kwargs": {"weights_path": str(folder.resolve())}}
-            await self._push_all(path, {"json": body}, version)
+            took = await self._push_all(path, {"json": body}, version)
+        # All at once, after the last answer: until then every endpoint still counts as holding the
+        # announced weights (overlapped rollouts sample during a push; none may find no endpoint).
+        for ep in took:
+            ep.version, ep.down_until = version, 0.0
         self.announced = version
-        # Every endpoint has loaded it: the previous push's copy is no longer read by anyone.
+        # Every endpoint sampled from has loaded it: the previous push's copy is read by no one now.
         previous, self._written = self._written, written
         if previous is not None and previous != written:
             await asyncio.to_thread(shutil.rmtree if previous.is_dir() else previous.unlink, previous)
@@ -315,14 +319,15 @@ class EndpointSampler:
             self.model_config.save_pretrained(str(folder))
         weights_io.to_file(weights, folder / "model.safetensors", version=version)
 
-    async def _push_all(self, path: str, req: dict[str, Any], version: str) -> None:
-        missed = [m for m in await asyncio.gather(*[self._push_one(ep, path, req, version)
-                                                     for ep in self.endpoints]) if m]
-        if len(missed) == len(self.endpoints):
-            raise SamplerError(f"weights {version!r} reached no sampler endpoint: " + "; ".join(missed))
+    async def _push_all(self, path: str, req: dict[str, Any], version: str) -> list[_Endpoint]:
+        """The endpoints that took `version`; an error if none did."""
+        why = await asyncio.gather(*[self._push_one(ep, path, req, version) for ep in self.endpoints])
+        if all(why):
+            raise SamplerError(f"weights {version!r} reached no sampler endpoint: " + "; ".join(why))
+        return [ep for ep, w in zip(self.endpoints, why, strict=True) if not w]
 
     async def _push_one(self, ep: _Endpoint, path: str, req: dict[str, Any], version: str) -> str:
-        """'' once `ep` holds `version`; why not, if it could not be reached (it is left out)."""
+        """'' once `ep` took `version`; why not, if it could not be reached (it is left out)."""
         t0 = time.perf_counter()
         try:
             r = await self._http.client().post(f"{ep.url}{path}", **req)
@@ -342,7 +347,6 @@ class EndpointSampler:
         if self.kind == "sglang" and isinstance(body, dict) and body.get("success") is False:
             raise SamplerError(f"sampler endpoint {ep.url} did not load weights {version!r}: {body.get('message')}")
         ep.push_s.append(time.perf_counter() - t0)
-        ep.version, ep.down_until = version, 0.0
         return ""
 
     # --- the engine's other calls -----------------------------------------------------------
