@@ -322,3 +322,35 @@ def test_a_learner_killed_on_ray_resumes_like_an_uninterrupted_run(cluster, trai
     assert checkpoint.latest(run_b).name == "step-000002"
     assert learner_steps(run_b) == learner_steps(run_a) >= steps_before_kill
     assert weights_digest(run_b) == weights_digest(run_a)
+
+
+@pytest.mark.slow   # ~45 s on 2 shared cores
+def test_overlap_with_an_external_sampler_samples_through_the_push_within_the_bound(train_root):  # noqa: F811
+    """train.overlap with train.sampler.endpoints on the local engine: the next step's episodes sample
+    from the server while the learner updates and pushes to it; every trajectory within the bound,
+    each stored once, the server left with the last step's weights."""
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+    from tryloop.train.run import train
+
+    served = load_model("smollm2-135m", device="cpu")
+    scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
+    with Engine(served.model, served.tokenizer, weights_version=served.weights_version, num_threads=1) as engine, \
+            model_server_in_thread(engine, scfg) as url:
+        cfg = load_yaml(write_config(train_root, "local-oe.yaml", run_id="local-oe", steps=3, concurrency=2,
+                                     limits=SHORT, overlap=True, max_staleness=1, sampler={"endpoints": [url]}))
+        events: list[tuple[str, int]] = []
+        res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: events.append((e, d["step"]))
+                                if e in ("rollout", "step") else None))
+        assert engine.weights_version == "step-2"
+    assert res.steps_done == 3
+    assert events.index(("rollout", 1)) < events.index(("step", 0))
+    trajs = TrajectoryStore(cfg.store.trajectories_url).read(run_id="local-oe")
+    assert len(trajs) == 6 and len({t.episode_id for t in trajs}) == 6
+    index = {served.weights_version: 0, "step-0": 1, "step-1": 2}
+    for m in res.metrics:
+        assert m["staleness_max"] <= 1 and m["sampler_live"] == 1
+        for t in (t for t in trajs if t.step == m["step"]):
+            assert all(m["step"] - index[v] <= 1 for v in t.weights_versions), t.weights_versions
