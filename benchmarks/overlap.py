@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+# The Ray nodes this starts inherit the environment: their workers import the same tryloop.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from tryloop.bench.train import REAL_DEFAULTS, run_real  # noqa: E402
 from tryloop.errors import TryloopError  # noqa: E402
