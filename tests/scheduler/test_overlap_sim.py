@@ -1,14 +1,17 @@
-"""The simulator's learner: synchronous and overlapped training steps, and benchmarks/overlap_sim.py."""
+"""The simulator's learner: synchronous and overlapped training steps, and its presets in
+tryloop.bench.train (`tryloop bench train --sim-only`, benchmarks/overlap_sim.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tryloop.bench import train as bench
 from tryloop.scheduler import AdmissionConfig
 from tryloop.scheduler.sim import (
     LearnerConfig,
@@ -106,36 +109,45 @@ def test_a_push_pauses_decoding_and_later_tokens_carry_the_new_version():
     assert report["gpu_paused_share"] == pytest.approx(3.0 / 18.0, rel=1e-3)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("overlap_sim", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_real_run_preset_is_derived_from_the_real_run_and_matches_its_synchronous_pace():
-    mod = _script()
-    real = json.loads(mod.REAL.read_text())
-    p = mod.real_run_preset(mod.REAL)
+    real = json.loads(bench.CHECKOUT_REAL.read_text())
+    p = bench.real_run_preset(bench.CHECKOUT_REAL)
     rows = real["synchronous"]["rows"]
     assert p["learner"].episodes_per_step == rows[0]["episodes"]
     assert p["learner"].update_s_by_step == pytest.approx([r["time_update_s"] - r["time_push_s"] for r in rows])
     assert p["sim"].decode_base_s == pytest.approx(sum(r["time_generation_s"] for r in rows)
                                                    / sum(r["completion_tokens"] for r in rows))
-    res = mod.run(("real-run", "real-run-overlapped-timings"))
+    res = bench.run_sim(("real-run", "real-run-overlapped-timings"))
     ratios = res["presets"]["real-run"]["sim_over_real_synchronous"]
     assert ratios["step_interval_mean"] == pytest.approx(1.0, abs=0.1)
     assert ratios["rollout_wall_mean"] == pytest.approx(1.0, abs=0.15)
-    assert mod.table(res).count("\n") == 5 and mod.real_table(res).count("\n") == 7
+    assert bench.sim_markdown(res).count("\n") == 5 and bench.real_vs_sim_markdown(res).count("\n") == 7
     json.dumps(res)
+    # The committed results were made by the same code: the real-run presets give the same figures.
+    committed = json.loads((bench.CHECKOUT_REAL.parent / "results-overlap-sim.json").read_text())
+    strip = lambda e: {**e, "runs": [{k: v for k, v in r.items() if k != "wall_s"} for r in e["runs"]]}  # noqa: E731
+    for name in ("real-run", "real-run-overlapped-timings"):
+        assert strip(res["presets"][name]) == strip(committed["presets"][name])
 
 
 def test_the_gpu_preset_runs_small_with_a_learner_bound_step_that_overlap_hides():
-    mod = _script()
-    p = mod.gpu_preset(gpus=2)
+    p = bench.gpu_preset(gpus=2)
     assert p["learner"].episodes_per_step == 32 and p["sim"].sandbox_slots == 32
     learner = p["learner"].model_copy(update={"steps": 3})
     sync = simulate_training(p["sim"], learner, p["admission"])
     over = simulate_training(p["sim"], learner.model_copy(update={"overlap": True}), p["admission"])
     assert over["makespan_s"] < sync["makespan_s"]
     assert over["staleness"]["max"] <= 1 and over["episodes_consumed"] == sync["episodes_consumed"] == 96
+
+
+def test_the_script_wraps_the_module(tmp_path):
+    out = tmp_path / "sim.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "real-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("| preset | mode |") and "| real run, synchronous |" in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["benchmark"] == "overlap-sim" and list(res["presets"]) == ["real-run"]
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--preset", "real-run", "--from-real",
+                              str(tmp_path / "none.json")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "none.json" in missing.stderr

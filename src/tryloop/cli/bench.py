@@ -146,3 +146,40 @@ def generation_bench(
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     run_cli(run, quick=quick, dtypes=tuple(dtype) if dtype else None, concurrency=levels, threads=threads,
             run_dir=run_dir, out=out, console=console)
+
+
+@app.command("train")
+def train_bench(
+    sim_only: Annotated[bool, typer.Option("--sim-only", help="the simulator only (seconds; a minute or two "
+                                                              "for the 64-GPU presets)")] = False,
+    real_only: Annotated[bool, typer.Option("--real-only", help="the real run only (minutes)")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="a smoke run: 3 real steps of 2 episodes with answers of "
+                                                        "up to 32 tokens; the simulator's GPU presets at 4 GPUs")] = False,
+    steps: Annotated[int | None, typer.Option("--steps", help="real run: training steps (default 5; quick 3)")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="real run: Ray sandbox nodes (default 2)")] = None,
+    tasks_per_step: Annotated[int | None, typer.Option("--tasks-per-step",
+                                                       help="real run: tasks per step (default 2; quick 1)")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="real run: episodes per task (default 2)")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens",
+                                                       help="real run: answer length cap (default 64; quick 32)")] = None,
+    from_real: Annotated[Path | None, typer.Option(
+        "--from-real", help="the real run's results the simulator's real-run presets take their timings from "
+                            "(default: this invocation's real run, else benchmarks/results-overlap.json in a checkout)")] = None,
+    preset: Annotated[list[str] | None, typer.Option("--preset", help="simulator presets (repeat; default all)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="the simulator's seed")] = 0,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="write results as JSON here (--real-only: results-overlap.json's format; --sim-only: "
+                      "results-overlap-sim.json's; both: {real, sim})")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Synchronous vs overlapped training steps: a real `tryloop train` on a local multi-node Ray
+    cluster, both modes one after the other, and the simulator's learner on presets fitted to a real
+    run and on 64 sampler GPUs."""
+    from tryloop.bench.train import run
+
+    cfg = run_cli(load_config, config, {})
+    settings = {"steps": steps, "nodes": nodes, "tasks_per_step": tasks_per_step, "group_size": group_size,
+                "max_new_tokens": max_new_tokens}
+    run_cli(run, quick=quick, sim_only=sim_only, real_only=real_only, real_settings=settings, from_real=from_real,
+            presets=tuple(preset) if preset else None, seed=seed,
+            runtime=cfg.runtime.model_dump(mode="json", exclude_defaults=True), out=out, console=console)
