@@ -328,3 +328,15 @@ async def test_vllm_and_sglang_get_their_request_shapes(kind, tmp_path):
         out = await s.generate([1, 2], max_new_tokens=2)
         assert out.weights_versions == ("step-0",)     # the version it acknowledged
         await s.aclose()
+
+
+def test_an_endpoint_whose_time_out_is_over_is_ordered_by_load_again():
+    """Once `down_s` has passed, an endpoint that failed once is one like the others: the least
+    loaded goes first, not whichever never failed."""
+    s = EndpointSampler(["http://a:1", "http://b:1"], down_s=5.0)
+    a, b = s.endpoints
+    a.down_until = time.monotonic() - 1.0     # set aside once, its time out over
+    b.in_flight = 3
+    assert [ep.url for ep in s._order()] == ["http://a:1", "http://b:1"]
+    a.down_until = time.monotonic() + 60.0    # still set aside: last whatever the load
+    assert [ep.url for ep in s._order()] == ["http://b:1", "http://a:1"]

@@ -170,7 +170,9 @@ class EndpointSampler:
         rotated = self.endpoints[start:] + self.endpoints[:start]
         usable = [ep for ep in rotated if ep.version == self.announced and (among is None or ep.url in among)]
         now = time.monotonic()
-        return sorted(usable, key=lambda ep: (ep.down_until > now, ep.down_until, ep.in_flight))
+        # Set aside: last, the soonest back first. Its time out over: ordered by load like the others.
+        return sorted(usable, key=lambda ep: (ep.down_until > now, ep.down_until if ep.down_until > now else 0.0,
+                                              ep.in_flight))
 
     def _set_aside(self, ep: _Endpoint) -> None:
         ep.failures += 1
