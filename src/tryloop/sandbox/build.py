@@ -54,6 +54,12 @@ class Step(_Model):
             raise ValueError(f"a step has exactly one of pip / files / run, got {kinds or 'none'}")
         if self.inputs is not None and self.run is None:
             raise ValueError("only a run step takes inputs")
+        # Sources are copied under a temporary directory of the host at their destination: a `..`
+        # would write outside it.
+        for field_, dsts in (("files", self.files), ("inputs", self.inputs)):
+            for dst in dsts or ():
+                if ".." in dst.split("/"):
+                    raise ValueError(f"{field_}: destination {dst!r} has a '..' in it")
         return self
 
     @property
