@@ -124,8 +124,12 @@ def _raise_fatal(runner: Any) -> None:
             raise SamplerError(f"episode {o.id} on a rollout worker: {reason}")
 
 
-def _set_meta(runner: Any, **meta: Any) -> None:
+def _set_meta(runner: Any, remote: Any = None, **meta: Any) -> None:
+    """What Ray rollout workers sample with (none: clear it): `meta`, and the endpoints `remote`'s
+    last push reached (a worker's sampler does not know which missed it)."""
     if hasattr(runner, "payload_meta"):
+        if meta and remote is not None:
+            meta["endpoints"] = remote.live()
         runner.payload_meta = meta
 
 
@@ -321,7 +325,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
             emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
-            _set_meta(runner, weights=policy.version)
+            _set_meta(runner, remote, weights=policy.version)
             counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
                                    temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=tcfg.seed,
@@ -372,7 +376,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 return
             run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
-            _set_meta(runner, weights=policy.version, temperature=temperature)   # what Ray workers sample with
+            _set_meta(runner, remote, weights=policy.version, temperature=temperature)   # what Ray workers sample with
             try:
                 with sampling_temperature(policy, temperature):
                     res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
