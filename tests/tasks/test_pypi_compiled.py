@@ -128,6 +128,35 @@ def test_extension_modules_are_placed_beside_their_package(tmp_path, layout):
     assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()) == out
 
 
+def test_a_top_level_extension_module_goes_where_the_test_command_imports_from(tmp_path):
+    """A module at the wheel's top level (`fast.so`, no package) goes to `src/` only in a src
+    layout: a flat project with a `src/` of C sources alone is tested from the top level
+    (`is_src_layout`, no `-o pythonpath=src`), where `import fast` must find it."""
+    from tryloop.tasks.sources.local import is_src_layout
+
+    src = tmp_path / "build"
+    (src / "src").mkdir(parents=True)
+    (src / "src" / "fast.c").write_text("/* C */\n")
+    (src / "test_fast.py").write_text("import fast\n")
+    assert not is_src_layout(src)
+    (tmp_path / "wheel").mkdir()
+    with zipfile.ZipFile(tmp_path / "wheel" / "fast-1.0-cp311-cp311-linux_x86_64.whl", "w") as z:
+        z.writestr("fast.cpython-311-x86_64-linux-gnu.so", b"\x7fELF")
+        z.writestr("fast-1.0.dist-info/RECORD", "")
+    ws = tmp_path / "ws"
+    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["fast.cpython-311-x86_64-linux-gnu.so"]
+    # ... and in a src layout, beside the package in src/
+    (src / "src" / "pkg").mkdir()
+    (src / "src" / "pkg" / "__init__.py").write_text("")
+    assert is_src_layout(src)
+    shutil.rmtree(ws)
+    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["src/fast.cpython-311-x86_64-linux-gnu.so"]
+
+
 @needs_root
 def test_a_run_steps_inputs_are_not_part_of_the_image(runtime, tmp_path):
     """A run step sees its inputs (owned by its uid), the image keeps only what the step wrote."""

@@ -302,12 +302,25 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 # Run with the task's interpreter in the build sandbox: copy the extension modules of the wheel
 # pip built into the working directory, at the place of their package in the project's tree
-# (`pkg/` or `src/pkg/`), and print each path.
+# (`pkg/` or `src/pkg/`; a top-level module in `src/` only in a src layout, by the rule of
+# `local.is_src_layout`, which decides whether the test command imports from `src/`), and print
+# each path.
 _PLACE_EXTENSIONS = r"""
 import glob, os, sys, zipfile
 wheels, src, ws = glob.glob(sys.argv[1] + "/*.whl"), sys.argv[2], sys.argv[3]
 if len(wheels) != 1:
     sys.exit(f"expected one wheel, found {wheels}")
+
+
+def package(d):
+    return os.path.isfile(os.path.join(d, "__init__.py"))
+
+
+s = os.path.join(src, "src")
+src_layout = os.path.isdir(s) and any(package(os.path.join(s, n)) or (n.endswith(".py") and
+                                                                       os.path.isfile(os.path.join(s, n)))
+                                      for n in os.listdir(s)) and \
+    not any(package(os.path.join(src, n)) and n not in ("tests", "test") for n in os.listdir(src))
 placed = []
 with zipfile.ZipFile(wheels[0]) as z:
     for name in z.namelist():
@@ -315,7 +328,7 @@ with zipfile.ZipFile(wheels[0]) as z:
             continue
         d = os.path.dirname(name)
         prefix = "src/" if (os.path.isdir(os.path.join(src, "src", d)) and not os.path.isdir(os.path.join(src, d))
-                            if d else os.path.isdir(os.path.join(src, "src"))) else ""
+                            if d else src_layout) else ""
         dest = os.path.join(ws, prefix + name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with z.open(name) as f, open(dest, "wb") as out:
