@@ -29,4 +29,9 @@ def test_the_host_image_id_does_not_depend_on_what_the_process_imported_first(tm
     plain = _image_id(store)
     assert len(plain) == 64
     assert _image_id(store, "import ray") == plain
-    assert _image_id(store, "sys.path.insert(0, '/nonexistent'); import json") == plain
+    # A folder of packages on this process's sys.path alone (as PYTHONPATH or Ray's would be): the
+    # sandbox's Python does not see it, and the id does not change for it.
+    extra = tmp_path / "extra" / "notinstalled-1.0.dist-info"
+    extra.mkdir(parents=True)
+    (extra / "METADATA").write_text("Metadata-Version: 2.1\nName: notinstalled\nVersion: 1.0\n")
+    assert _image_id(store, f"sys.path.insert(0, {str(extra.parent)!r})") == plain
