@@ -340,3 +340,49 @@ def test_an_endpoint_whose_time_out_is_over_is_ordered_by_load_again():
     assert [ep.url for ep in s._order()] == ["http://a:1", "http://b:1"]
     a.down_until = time.monotonic() + 60.0    # still set aside: last whatever the load
     assert [ep.url for ep in s._order()] == ["http://b:1", "http://a:1"]
+
+
+async def test_a_worker_starting_while_an_endpoint_is_lost_sets_it_aside(served):
+    """A rollout worker that starts mid-run (a new node, a restarted actor) while one endpoint is
+    down connects to the others and sets that one aside; with none answering it is an error."""
+    url, engine, loaded = served
+    dead = dead_url()
+    worker = EndpointSampler([dead, url], api_key="sekret", check_versions=False, down_s=60)
+    await worker.connect("", check_version=False, all_up=False)
+    assert worker.stats()[dead]["failures"] == 1 and worker.endpoints[0].model == worker.endpoints[1].model != ""
+    outs = [await worker.generate([1, 2, 3], max_new_tokens=2, temperature=0.0) for _ in range(3)]
+    assert {o.endpoint for o in outs} == {url}
+    with pytest.raises(SamplerError, match=f"sampler endpoints not ready: {dead}: GET /v1/models failed"):
+        await EndpointSampler([dead], check_versions=False).connect("", check_version=False, all_up=False)
+    await worker.aclose()
+
+
+async def test_an_answer_that_is_not_json_is_asked_of_another_endpoint(served):
+    """A proxy's error page with status 200, say: not a completion; the other endpoint answers."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    from tryloop.serve.asgi import server_in_thread
+
+    url, engine, loaded = served
+
+    async def models(request):
+        return JSONResponse({"data": [{"id": "smollm2-135m", "weights_version": engine.weights_version}]})
+
+    async def junk(request):
+        return PlainTextResponse("<html>gateway says hello</html>")
+
+    app = Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", junk, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    with server_in_thread(server, what="junk") as bad:
+        s = EndpointSampler([bad, url], api_key="sekret")
+        await s.connect(engine.weights_version)
+        outs = [await s.generate([1, 2, 3], max_new_tokens=2, temperature=0.0) for _ in range(2)]
+        assert {o.endpoint for o in outs} == {url} and s.stats()[bad]["failures"] == 1
+        alone = EndpointSampler([bad])
+        await alone.connect(engine.weights_version)
+        with pytest.raises(SamplerError, match="its answer is not JSON: .*gateway says hello"):
+            await alone.generate([1, 2, 3], max_new_tokens=2)
+        await s.aclose()

@@ -126,18 +126,25 @@ class EndpointSampler:
     def weights_version(self) -> str:
         return self.announced
 
-    async def connect(self, expected_version: str, *, check_version: bool = True) -> None:
+    async def connect(self, expected_version: str, *, check_version: bool = True, all_up: bool = True) -> None:
         """Every endpoint answers and (tryloop's server) serves `expected_version`, in raw
         log-probability mode; the error names each endpoint that does not. `check_version=False`
-        (a resumed run, which pushes its checkpoint's weights next) accepts any version."""
-        problems = []
+        (a resumed run, which pushes its checkpoint's weights next) accepts any version.
+        `all_up=False` (a rollout worker starting mid-run, when an endpoint may be lost): one that
+        does not answer is set aside, as after a failed completion, and only none answering is an
+        error."""
+        problems, down = [], []
         for ep in self.endpoints:
             try:
                 r = await self._http.client().get(f"{ep.url}/v1/models", timeout=min(30.0, self.timeout_s))
                 r.raise_for_status()
                 entry = r.json()["data"][0]
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-                problems.append(f"{ep.url}: GET /v1/models failed ({type(e).__name__}: {str(e)[:200]})")
+                (problems if all_up else down).append(
+                    f"{ep.url}: GET /v1/models failed ({type(e).__name__}: {str(e)[:200]})")
+                if not all_up:
+                    ep.version = expected_version
+                    self._set_aside(ep)
                 continue
             ep.model = entry.get("id", "")
             ep.max_context = int(entry.get("max_model_len") or 0)
@@ -151,8 +158,14 @@ class EndpointSampler:
             if entry.get("logprobs_mode", "raw") != "raw":
                 problems.append(f"{ep.url} reports {entry['logprobs_mode']!r} log-probabilities; the trainer "
                                 "needs the policy's at temperature 1 (serve.model.logprobs_mode: raw)")
+        if len(down) == len(self.endpoints):
+            problems = down
         if problems:
             raise SamplerError("sampler endpoints not ready: " + "; ".join(problems))
+        # Those set aside serve the same model as the others (the trainer checked at its start).
+        model = next((ep.model for ep in self.endpoints if ep.model), "")
+        for ep in self.endpoints:
+            ep.model = ep.model or model
         self.announced = expected_version
         self.max_context = min((ep.max_context for ep in self.endpoints if ep.max_context), default=1 << 20)
 
@@ -236,7 +249,11 @@ class EndpointSampler:
                 raise SamplerError(f"sampler endpoint {ep.url} refused the completion: HTTP {r.status_code}: "
                                    f"{r.text[:300]}")
             try:
-                sample = self._sample(ep, r.json(), accept)
+                try:
+                    data = r.json()
+                except ValueError:
+                    raise _Retry(f"{ep.url}: its answer is not JSON: {r.text[:200]!r}") from None
+                sample = self._sample(ep, data, accept)
                 if self.kind == "tryloop" and accept and any(v != accept for v in sample.weights_versions):
                     # Restarted, or pushed to by someone else: its tokens are never used.
                     raise _Retry(f"{ep.url} sampled with weights {list(sample.weights_versions)} but "

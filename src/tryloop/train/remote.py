@@ -133,7 +133,8 @@ class RemoteTrainEpisodes:
                                   timeout_s=tc.sampler.timeout_s, retries=tc.sampler.retries,
                                   weights_dir=tc.sampler.weights_dir, check_versions=False,
                                   down_s=tc.sampler.down_s)
-        await sampler.connect("", check_version=False)
+        # Mid-run a worker may start while an endpoint is lost: that one is set aside, not fatal.
+        await sampler.connect("", check_version=False, all_up=False)
         loaded = SimpleNamespace(tokenizer=tokenizer, name=name, weights_version="")
         return {"envs": Environments(SandboxRuntime(self.cfg.runtime)), "sampler": sampler,
                 "policy": sampler_policy(loaded, tc, engine=sampler), "store": TaskStore(self.cfg.tasks.store_url),
