@@ -19,6 +19,7 @@ from test_run import DRIVER, learner_steps, train_root, weights_digest, write_co
 
 from ray_cluster import local_cluster
 from tryloop.config import load_yaml
+from tryloop.errors import TryloopError
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.train import checkpoint
 
@@ -354,3 +355,33 @@ def test_overlap_with_an_external_sampler_samples_through_the_push_within_the_bo
         assert m["staleness_max"] <= 1 and m["sampler_live"] == 1
         for t in (t for t in trajs if t.step == m["step"]):
             assert all(m["step"] - index[v] <= 1 for v in t.weights_versions), t.weights_versions
+
+
+@pytest.mark.slow   # ~1 min on 2 shared cores
+def test_an_overlapped_run_whose_sampler_goes_back_to_old_weights_stops_instead_of_resampling_forever(train_root):  # noqa: F811
+    """train.overlap, max_staleness 0: step 1's episodes sampled during step 0's update are too stale
+    and are sampled again once step-0 is out. The sampler then goes back to the initial weights (a
+    restart): what it samples now can never be fresh enough, and the run stops naming the weights,
+    rather than sampling the same episodes again and again; nothing of step 1 is stored."""
+    from tryloop.agent.engine import Engine
+    from tryloop.agent.hf import load_model
+    from tryloop.serve.config import ServeModelConfig
+    from tryloop.serve.model import model_server_in_thread
+    from tryloop.train.run import train
+
+    served = load_model("smollm2-135m", device="cpu")
+    initial = {k: v.detach().clone() for k, v in served.model.state_dict().items()}
+    scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
+    with Engine(served.model, served.tokenizer, weights_version=served.weights_version, num_threads=1) as engine, \
+            model_server_in_thread(engine, scfg) as url:
+        cfg = load_yaml(write_config(train_root, "local-os.yaml", run_id="local-os", steps=3, concurrency=2,
+                                     overlap=True, max_staleness=0, sampler={"endpoints": [url]}))
+
+        def hook(event, data):
+            if event == "step" and data["step"] == 0:     # step-0 is out: the server restarts
+                engine.update_weights_blocking(initial, version=served.weights_version)
+
+        with pytest.raises(TryloopError, match=r"sampled again after weights 'step-0' were pushed, but holds tokens "
+                                               rf"of \[.*'{served.weights_version}'.*\].*restarted"):
+            asyncio.run(train(cfg, cfg.train, hook=hook))
+    assert TrajectoryStore(cfg.store.trajectories_url).read(run_id="local-os", step=1) == []

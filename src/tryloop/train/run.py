@@ -102,6 +102,11 @@ def _truncate_jsonl(path: Path, before_step: int) -> None:
         os.replace(tmp, path)
 
 
+def _version_name(index: int, versions: dict[str, int]) -> str:
+    """The name of the weights version with this index (see `staleness`)."""
+    return next((v for v, i in versions.items() if i == index), f"step-{index - 1}")
+
+
 def _check_versions(t: Trajectory, accepted: set[str]) -> None:
     """A trajectory holding tokens of weights the trainer did not announce for this step is
     off-policy data it was not told to accept: an error, never a silent update. (A trajectory
@@ -449,6 +454,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 async def one(req: EpisodeRequest, hooks) -> Trajectory:
                     return await run_episode(req, policy, envs, limits=tcfg.limits, spec=spec, hooks=hooks)
 
+                settled = False   # the weights this step may sample with at the oldest are out
                 while todo:
                     if on_ray:   # what the rollout worker accepts: the announced weights (overlapped: any
                         # this run pushes, checked here); the policy's own temperature
@@ -461,6 +467,13 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                         if remote is not None and remote.failure is not None:
                             continue   # an episode the failure ended: never stored, never trained on
                         if not accept(t, announced):
+                            if settled:   # sampled after those weights were out: a sampler serves older ones
+                                raise TryloopError(
+                                    f"episode {t.episode_id} was sampled again after weights "
+                                    f"{_version_name(step - tcfg.max_staleness, versions)!r} were pushed, but holds "
+                                    f"tokens of {t.weights_versions}, more than train.max_staleness "
+                                    f"({tcfg.max_staleness}) behind: a sampler endpoint serves older weights than "
+                                    "it acknowledged (restarted?); refusing to sample it again and again")
                             again.append(by_id[t.episode_id])   # too stale: sampled again, never stored
                             continue
                         await asyncio.to_thread(trajectories.write, [t])   # durable before counted
@@ -475,6 +488,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                                 f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
                     if again:    # once this step's weights are out, nothing sampled after is stale
                         await version_ready(step - tcfg.max_staleness).wait()
+                        settled = True
                     todo = again
                 for t in sorted(out, key=lambda t: t.episode_id):
                     if t.verdict in ("pass", "fail"):
