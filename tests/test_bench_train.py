@@ -75,6 +75,22 @@ def test_a_broken_real_run_file_and_bad_choices_are_refused(tmp_path):
     assert res.exit_code == 78 and "gpu-4" in res.output
     res = _bench("--sim-only", "--real-only")
     assert res.exit_code == 78
+    # Rows without the fields the fit needs, or no tokens at all: an error naming the file.
+    real = json.loads(bench.CHECKOUT_REAL.read_text())
+    for row in real["synchronous"]["rows"]:
+        row["completion_tokens"] = 0
+    empty = tmp_path / "no-tokens.json"
+    empty.write_text(json.dumps(real))
+    res = _bench("--sim-only", "--from-real", str(empty), "--preset", "real-run")
+    assert res.exit_code == 78 and "no-tokens.json: its synchronous run cannot give" in " ".join(res.output.split())
+    real = json.loads(bench.CHECKOUT_REAL.read_text())
+    del real["synchronous"]["rows"][0]["time_generation_s"]
+    empty.write_text(json.dumps(real))
+    res = _bench("--sim-only", "--from-real", str(empty), "--preset", "real-run")
+    assert res.exit_code == 78 and "KeyError" in res.output
+    # A real run with no sandbox node would wait forever: refused before anything starts.
+    res = _bench("--real-only", "--nodes", "0")
+    assert res.exit_code == 78 and "nodes >= 1, got 0" in res.output
 
 
 def test_the_default_real_run_is_the_checkout_file():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -139,6 +140,21 @@ def run_real(*, steps: int = 5, nodes: int = 2, tasks_per_step: int = 2, group_s
     runtime settings (a config file's) under the run's own store and state directories."""
     if steps < 2:
         raise ConfigError("the real run needs at least 2 steps (step 0 has nothing to overlap with)")
+    for name, value in (("nodes", nodes), ("tasks_per_step", tasks_per_step), ("group_size", group_size),
+                        ("max_new_tokens", max_new_tokens)):
+        if value < 1:
+            raise ConfigError(f"the real run needs {name} >= 1, got {value}")
+    settings = {"steps": steps, "nodes": nodes, "tasks_per_step": tasks_per_step, "group_size": group_size,
+                "max_new_tokens": max_new_tokens}
+    root = Path(tempfile.mkdtemp(prefix="tryloop-overlap-"))
+    try:
+        return _run_real(root, settings, out, runtime, log)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)   # the runs' store, sandboxes' state and checkpoints
+
+
+def _run_real(root: Path, settings: dict[str, Any], out: Path | None, runtime: dict[str, Any] | None,
+              log: Log) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -146,9 +162,8 @@ def run_real(*, steps: int = 5, nodes: int = 2, tasks_per_step: int = 2, group_s
     from tryloop.config import load_yaml
     from tryloop.train.run import train
 
-    settings = {"steps": steps, "nodes": nodes, "tasks_per_step": tasks_per_step, "group_size": group_size,
-                "max_new_tokens": max_new_tokens}
-    root = Path(tempfile.mkdtemp(prefix="tryloop-overlap-"))
+    steps, nodes = settings["steps"], settings["nodes"]
+    tasks_per_step, group_size = settings["tasks_per_step"], settings["group_size"]
     t0 = time.perf_counter()
     log("building the store (HumanEval tasks, reward gate) ...")
     prepare(root, runtime)
@@ -220,13 +235,19 @@ def real_run_preset(real: Path | dict[str, Any] | None = None, seed: int = 0, ha
         name = name or "this run"
     else:
         real, name = load_real(real)
-    settings, rows = real["settings"], real[half]["rows"]
-    episodes = sum(r["episodes"] for r in rows)
-    tokens = sum(r["completion_tokens"] for r in rows) / episodes
-    gen_s = sum(r["time_generation_s"] for r in rows) / episodes
-    verify_s = sum(r["time_verification_s"] for r in rows) / episodes
-    env_s = sum(r["time_environment_s"] for r in rows) / episodes
-    between = [b["time"] - a["time"] - b["time_step_s"] for a, b in zip(rows, rows[1:], strict=False)]
+    try:
+        settings, rows = real["settings"], real[half]["rows"]
+        episodes = sum(r["episodes"] for r in rows)
+        tokens = sum(r["completion_tokens"] for r in rows) / episodes
+        gen_s = sum(r["time_generation_s"] for r in rows) / episodes
+        verify_s = sum(r["time_verification_s"] for r in rows) / episodes
+        env_s = sum(r["time_environment_s"] for r in rows) / episodes
+        between = [b["time"] - a["time"] - b["time_step_s"] for a, b in zip(rows, rows[1:], strict=False)]
+        if tokens <= 0 or len(rows) < 2:
+            raise ValueError(f"{len(rows)} steps and {tokens:g} tokens per episode: nothing to fit to")
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConfigError(f"{name}: its {half} run cannot give the simulator its timings "
+                          f"({type(e).__name__}: {e}); produce it with tryloop bench train --real-only") from None
     sim = SimConfig(
         gpus=1, decode_base_s=gen_s / tokens, decode_per_seq_s=0.0, prefill_s_per_token=0.0,
         max_batch=REAL_MAX_BATCH, sandbox_slots=settings["nodes"] * REAL_SLOTS_PER_NODE,
