@@ -362,7 +362,7 @@ def test_an_overlapped_run_whose_sampler_goes_back_to_old_weights_stops_instead_
     """train.overlap, max_staleness 0: step 1's episodes sampled during step 0's update are too stale
     and are sampled again once step-0 is out. The sampler then goes back to the initial weights (a
     restart): what it samples now can never be fresh enough, and the run stops naming the weights,
-    rather than sampling the same episodes again and again; nothing of step 1 is stored."""
+    rather than sampling the same episodes again and again; nothing of the old weights is stored."""
     from tryloop.agent.engine import Engine
     from tryloop.agent.hf import load_model
     from tryloop.serve.config import ServeModelConfig
@@ -374,14 +374,19 @@ def test_an_overlapped_run_whose_sampler_goes_back_to_old_weights_stops_instead_
     scfg = ServeModelConfig(port=0, access_log=None, weight_updates=True, threads=1)
     with Engine(served.model, served.tokenizer, weights_version=served.weights_version, num_threads=1) as engine, \
             model_server_in_thread(engine, scfg) as url:
-        cfg = load_yaml(write_config(train_root, "local-os.yaml", run_id="local-os", steps=3, concurrency=2,
+        cfg = load_yaml(write_config(train_root, "local-os.yaml", run_id="local-os", steps=3, concurrency=1,
                                      overlap=True, max_staleness=0, sampler={"endpoints": [url]}))
 
         def hook(event, data):
-            if event == "step" and data["step"] == 0:     # step-0 is out: the server restarts
+            # Once step-0 is out the server restarts: at the end of step 0, or at the latest when the
+            # first of step 1's episodes (one at a time) is stored, so the next cannot be fresh.
+            due = (event, data.get("step")) == ("step", 0) or (event == "episode" and data["step"] >= 1)
+            if due and engine.weights_version != served.weights_version:
                 engine.update_weights_blocking(initial, version=served.weights_version)
 
         with pytest.raises(TryloopError, match=r"sampled again after weights 'step-0' were pushed, but holds tokens "
                                                rf"of \[.*'{served.weights_version}'.*\].*restarted"):
             asyncio.run(train(cfg, cfg.train, hook=hook))
-    assert TrajectoryStore(cfg.store.trajectories_url).read(run_id="local-os", step=1) == []
+    # What step 1 stored (an episode that finished before the restart) holds step-0's tokens only.
+    kept = TrajectoryStore(cfg.store.trajectories_url).read(run_id="local-os", step=1)
+    assert all(t.weights_versions == ["step-0"] for t in kept), [t.weights_versions for t in kept]
