@@ -9,22 +9,13 @@ import json
 import pytest
 from rich.console import Console
 
+from host import require_sandbox_host
 from tryloop.config import TryloopConfig
-
-
-def _require_host() -> None:
-    from tryloop.errors import HostUnsupported
-    from tryloop.sandbox.doctor import require_host
-
-    try:
-        require_host()
-    except HostUnsupported as e:
-        pytest.skip(f"host cannot run sandboxes: {e}")
 
 
 @pytest.mark.slow
 def test_quick_bench_covers_every_row_and_leaks_nothing(runtime_config, tmp_path):
-    _require_host()
+    require_sandbox_host()
     from tryloop.bench.sandbox import LATENCY_ROWS, LEAK_CHECKS, run
 
     out = tmp_path / "results.json"

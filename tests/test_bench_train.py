@@ -9,6 +9,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from host import require_sandbox_host
 from tryloop.bench import train as bench
 from tryloop.cli.main import app
 
@@ -99,21 +100,11 @@ def test_the_default_real_run_is_the_checkout_file():
     assert name == "results-overlap.json" and real["settings"]["steps"] == len(real["synchronous"]["rows"])
 
 
-def _require_host() -> None:
-    from tryloop.errors import HostUnsupported
-    from tryloop.sandbox.doctor import require_host
-
-    try:
-        require_host()
-    except HostUnsupported as e:
-        pytest.skip(f"host cannot run sandboxes: {e}")
-
-
 @pytest.mark.slow
 def test_quick_real_run_then_the_simulator_fitted_to_it(tmp_path):
     """`tryloop bench train --quick`: 3 real steps of 2 episodes per mode on a local Ray cluster
     (a few minutes on 2 CPUs), then the simulator with that run's timings."""
-    _require_host()
+    require_sandbox_host()
     out = tmp_path / "train.json"
     res = _bench("--quick", "--out", str(out))
     assert res.exit_code == 0, res.output
