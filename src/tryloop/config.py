@@ -126,6 +126,10 @@ class TasksConfig(_Model):
                                                            "modules (C, Cython...) in a build sandbox into an "
                                                            "environment image `pypi/<name>:<version>` on "
                                                            "`pypi_image`, and run the tasks on it")
+    pypi_install_dependencies: bool = Field(False, description="`tasks synth --pypi`: install what the sdist "
+                                                               "declares it needs (its requirements, test extras "
+                                                               "included) from the index in a build sandbox into "
+                                                               "the environment image, and run the tasks on it")
     pypi_image: str | None = Field(None, description="`tasks synth --pypi`: the image (name or id) the tasks run "
                                                      "on, or with pypi_build_extensions the one their environment "
                                                      "is built on; null: the host-derived root")

@@ -42,6 +42,7 @@ from tryloop.tasks.sources.pypi import (
     environment_spec,
     environment_tag,
     project_from_sdist,
+    runtime_requirements,
 )
 from tryloop.tasks.store import TaskStore
 
@@ -107,6 +108,38 @@ def test_environment_spec_builds_in_a_sandbox_and_keys_on_content(tmp_path):
     assert key != _step_key("img", environment_spec(pb).steps[0], environment_spec(pb))
     with pytest.raises(ValueError, match="only a run step takes inputs"):
         Step(pip=["x"], inputs={"/a": "b"})
+
+
+def test_what_an_sdist_declares_it_needs_is_read_never_run(tmp_path):
+    """PKG-INFO's Requires-Dist (test extras kept, other extras not), an old setup.py's egg-info
+    requires.txt (its top and test sections) and setup.cfg; local paths left out; the
+    environment installs them in a networked run step into the site folder on PYTHONPATH."""
+    from tryloop.tasks.project import Project
+
+    root = tmp_path / "p-1.0"
+    root.mkdir()
+    (root / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: p\nVersion: 1.0\n"
+                                   "Requires-Dist: bitarray>=2\n"
+                                   "Requires-Dist: colorama; sys_platform == 'win32'\n"
+                                   "Requires-Dist: sphinx; extra == 'docs'\n"
+                                   "Requires-Dist: hypothesis; extra == \"test\"\n")
+    (root / "p.egg-info").mkdir()
+    (root / "p.egg-info/requires.txt").write_text("xxhash>=3\n\n[docs]\nfuro\n\n[test]\npytest-timeout\n")
+    (root / "setup.cfg").write_text("[options]\ninstall_requires =\n    bitarray>=2\n    ./vendored\n"
+                                    "    pkg @ https://example.invalid/pkg.whl\n")
+    (root / "setup.py").write_text("raise SystemExit('never run')\n")
+    project = Project(name="p", root=root, source="pypi", origin={"spec": "p==1.0"})
+    reqs, found = runtime_requirements(project)
+    assert reqs == ["bitarray>=2", "colorama; sys_platform == 'win32'", "hypothesis", "xxhash>=3", "pytest-timeout",
+                    "pkg @ https://example.invalid/pkg.whl"]      # a direct reference, as pip takes it
+    assert found == ["PKG-INFO", "p.egg-info/requires.txt", "setup.cfg"]
+    spec = environment_spec(project, requirements=reqs, extensions=False)
+    assert len(spec.steps) == 1 and spec.env == {"PYTHONPATH": "/opt/tryloop/site"}
+    step = spec.steps[0]
+    assert step.network and "pip install" in step.run and "--target /opt/tryloop/site" in step.run
+    assert "'colorama; sys_platform == '\"'\"'win32'\"'\"''" in step.run and "bitarray>=2" in step.run
+    both = environment_spec(project, requirements=reqs)
+    assert [("pip install" in s.run, "pip wheel" in s.run) for s in both.steps] == [(True, False), (False, True)]
 
 
 @pytest.mark.parametrize("layout", ["flat", "src"])
@@ -186,9 +219,10 @@ def test_cli_flags_set_the_config_and_the_tasks_image(tmp_path, monkeypatch):
     _sdist(index, "cext", CEXT)
     seen: dict = {}
 
-    async def fake_build(rt, project, *, base=None, on_step=None):
-        seen["base"] = base
-        project.origin["environment"] = {"image": "f" * 64, "built": ["cext/_speed.so"]}
+    async def fake_build(rt, project, *, base=None, on_step=None, extensions=True, dependencies=False):
+        seen["base"], seen["built"] = base, (extensions, dependencies)
+        project.origin["environment"] = {"image": "f" * 64, "built": ["cext/_speed.so"] if extensions else [],
+                                         "requirements": ["six"] if dependencies else []}
         return "f" * 64
 
     async def fake_check(rt, project, work, *, image=None):
@@ -220,7 +254,12 @@ def test_cli_flags_set_the_config_and_the_tasks_image(tmp_path, monkeypatch):
     base = ["tasks", "synth", "--pypi", "cext==1.0", "--index-url", index.as_uri(), "--config", str(conf)]
     r = CliRunner().invoke(cli, [*base, "--build-extensions", "--image", "deb"])
     assert r.exit_code == 0, r.output
-    assert seen == {"base": "deb", "checked": "f" * 64, "image": "f" * 64}
+    assert seen == {"base": "deb", "built": (True, False), "checked": "f" * 64, "image": "f" * 64}
+    seen.clear()
+    r = CliRunner().invoke(cli, [*base, "--install-dependencies"])   # its requirements only, on the host root
+    assert r.exit_code == 0, r.output
+    assert seen == {"base": None, "built": (False, True), "checked": "f" * 64, "image": "f" * 64}
+    assert load_config(None, {"tasks.pypi_install_dependencies": True}).tasks.pypi_install_dependencies
     seen.clear()
     r = CliRunner().invoke(cli, [*base, "--image", "deb"])  # an image as it is, nothing built
     assert r.exit_code == 0, r.output
@@ -347,4 +386,44 @@ async def _end_to_end(runtime, tmp_path: Path, *, keep: int, base: str | None = 
                      f"pass-to-pass; gate (k=3) {gate_s:.1f}s; verifier reference {fixed.wall_s:.1f}s "
                      f"reward {fixed.reward}, broken {broken.wall_s:.1f}s reward {broken.reward}")
     print("\n".join(lines))
+    shutil.rmtree(tmp_path / "cands", ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@needs_root
+async def test_a_pure_python_pypi_project_whose_dependencies_are_compiled_end_to_end(runtime, tmp_path):
+    """pybloom-live 4.0.0: pure Python, but it needs bitarray and xxhash, compiled packages that
+    this host's Python does not have (bitarray) — installed from the index as binary wheels in a
+    build sandbox into the environment image; its tasks pass the gate and the verifier there."""
+    project = project_from_sdist("pybloom-live==4.0.0", tmp_path / "work")
+    reqs, found = runtime_requirements(project)
+    assert reqs == ["bitarray>=0.3.4", "xxhash>=3.0.0"] and found == ["pybloom_live.egg-info/requires.txt"]
+    with pytest.raises(ProjectTestsFail, match=r"No module named 'bitarray'"):
+        await check_project(runtime, project, tmp_path / "work")
+    t0 = time.monotonic()
+    iid = await build_environment(runtime, project, extensions=False, dependencies=True)
+    cold = time.monotonic() - t0
+    env = project.origin["environment"]
+    assert env["requirements"] == reqs and env["built"] == [] and env["image"] == iid
+    site = runtime.store.path(runtime.image(iid).layers[0]) / "opt/tryloop/site"
+    assert sorted(p.name for p in site.glob("bitarray/_bitarray*.so")) == [f"_bitarray{EXT}"]   # a binary wheel
+    run = await check_project(runtime, project, tmp_path / "work", image=iid)
+    assert run.passing, run.output_tail[-2000:]
+    store, report = TaskStore(str(tmp_path / "tasks")), GateReport()
+    gate = GateConfig(k=3, require_pass_to_pass=True)
+    t0 = time.monotonic()
+    kept = await synthesize(runtime, store, project, tmp_path / "cands", keep=1, gate=gate, report=report,
+                            image=iid, max_candidates=20)
+    synth_s = time.monotonic() - t0
+    assert len(kept) == 1, report.rejected
+    task = store.get(kept[0].id)
+    assert task.meta.image == iid
+    fixed = await verify(runtime, task, Submission.from_files(task.solution_files()), TESTS_ONLY)
+    assert fixed.state == "pass" and fixed.reward == 1.0, fixed.reason
+    broken = await verify(runtime, task, Submission(), TESTS_ONLY)
+    assert broken.state == "fail" and broken.reward == 0.0, broken.reason
+    print(f"\npybloom-live: environment {iid[:12]} ({', '.join(reqs)}) built cold in {cold:.1f}s; "
+          f"{len(run.passing)} tests pass on it; 1 task kept in {synth_s:.1f}s; verifier reference "
+          f"{fixed.wall_s:.1f}s, broken {broken.wall_s:.1f}s")
     shutil.rmtree(tmp_path / "cands", ignore_errors=True)

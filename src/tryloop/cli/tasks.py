@@ -29,7 +29,7 @@ def _cfg(config, **kw):
     names = {"store": "tasks.store_url", "k": "tasks.gate_k", "budget": "tasks.time_budget_s",
              "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed",
              "index_url": "tasks.pypi_index_url", "build_extensions": "tasks.pypi_build_extensions",
-             "image": "tasks.pypi_image"}
+             "install_dependencies": "tasks.pypi_install_dependencies", "image": "tasks.pypi_image"}
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
 
 
@@ -178,9 +178,12 @@ def synth(
     build_extensions: Annotated[bool | None, typer.Option(
         "--build-extensions/--no-build-extensions", help="--pypi: build the sdist's extension modules in a build "
         "sandbox into an environment image the tasks run on (tasks.pypi_build_extensions)")] = None,
+    install_dependencies: Annotated[bool | None, typer.Option(
+        "--install-dependencies/--no-install-dependencies", help="--pypi: install what the sdist declares it "
+        "needs from the index in a build sandbox into the environment image (tasks.pypi_install_dependencies)")] = None,
     image: Annotated[str | None, typer.Option("--image", help="--pypi: the image the tasks run on, or that "
-                                              "--build-extensions builds on (tasks.pypi_image; default: the "
-                                              "host-derived root)")] = None,
+                                              "--build-extensions / --install-dependencies build on "
+                                              "(tasks.pypi_image; default: the host-derived root)")] = None,
     keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
     operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
@@ -204,9 +207,9 @@ def synth(
     from tryloop.tasks.gate import GateReport
 
     cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url, build_extensions=build_extensions,
-               image=image)
-    if (build_extensions or image) and not pypi:
-        raise typer.BadParameter("--build-extensions and --image go with --pypi")
+               install_dependencies=install_dependencies, image=image)
+    if (build_extensions or install_dependencies or image) and not pypi:
+        raise typer.BadParameter("these options go with --pypi: --build-extensions, --install-dependencies, --image")
     work = _work_dir(cfg)
     if family is not None:
         if family not in FAMILIES:
@@ -264,7 +267,7 @@ async def _pypi_environment(cfg, project) -> str | None:
     from tryloop.tasks.sources import pypi
 
     tc = cfg.tasks
-    if not tc.pypi_build_extensions:
+    if not (tc.pypi_build_extensions or tc.pypi_install_dependencies):
         if tc.pypi_image is None:
             return None
         try:
@@ -275,9 +278,12 @@ async def _pypi_environment(cfg, project) -> str | None:
     console.print(f"the environment of {project.name}: {pypi.environment_tag(project)} "
                   f"on {tc.pypi_image or 'the host-derived root'}")
     t0 = time.perf_counter()
-    iid = await pypi.build_environment(rt, project, base=tc.pypi_image, on_step=lambda m: console.print(f"  {m}"))
-    built = project.origin["environment"]["built"]
-    console.print(f"  image {iid[:12]} ({time.perf_counter() - t0:.2f}s): {', '.join(built)}")
+    iid = await pypi.build_environment(rt, project, base=tc.pypi_image, on_step=lambda m: console.print(f"  {m}"),
+                                       extensions=tc.pypi_build_extensions,
+                                       dependencies=tc.pypi_install_dependencies)
+    env = project.origin["environment"]
+    console.print(f"  image {iid[:12]} ({time.perf_counter() - t0:.2f}s): "
+                  f"{', '.join(env['requirements'] + env['built']) or 'nothing'}")
     return iid
 
 
@@ -289,13 +295,21 @@ async def _check_pypi_project(cfg, project, work: Path, image: str | None) -> No
     from tryloop.tasks.sources import pypi
 
     compiled = [] if cfg.tasks.pypi_build_extensions else pypi.compiled_sources(project.root)
+    needs = [] if cfg.tasks.pypi_install_dependencies else pypi.runtime_requirements(project)[0]
     try:
         run = await check_project(SandboxRuntime(cfg.runtime), project, work, image=image)
     except ProjectTestsFail as e:
+        hints = []
         if compiled:
-            raise ProjectTestsFail(f"{e}. It has sources a build compiles ({', '.join(compiled[:3])}), never "
-                                   "built on this host: --build-extensions (tasks.pypi_build_extensions) builds "
-                                   "them in a build sandbox into the tasks' environment image") from None
+            hints.append(f"It has sources a build compiles ({', '.join(compiled[:3])}), never built on this host: "
+                         "--build-extensions (tasks.pypi_build_extensions) builds them in a build sandbox into "
+                         "the tasks' environment image")
+        if needs:
+            hints.append(f"It declares dependencies ({', '.join(needs[:4])}), not installed: "
+                         "--install-dependencies (tasks.pypi_install_dependencies) installs them in a build "
+                         "sandbox into the tasks' environment image")
+        if hints:
+            raise ProjectTestsFail(f"{e}. " + ". ".join(hints)) from None
         raise
     console.print(f"{project.name}'s own tests in a sandbox: {len(run.passing)} passed ({run.wall_s:.1f}s)")
     if compiled:

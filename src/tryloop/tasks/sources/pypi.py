@@ -351,6 +351,50 @@ def compiled_sources(root: str | Path) -> list[str]:
                   and not ignored(p.relative_to(root).as_posix()))
 
 
+def runtime_requirements(project: Project) -> tuple[list[str], list[str]]:
+    """(requirements, the files they came from): what the sdist declares it needs to run and to
+    test. Read, never run: PKG-INFO's `Requires-Dist` (without markers naming other extras than
+    test ones), `*.egg-info/requires.txt` (its top and its test sections: an old setup.py's
+    `install_requires`), then what SWE-bench environments read (requirement files, pyproject.toml,
+    setup.cfg, with their test extras). Local paths and bare URLs are left out (as there)."""
+    import email.parser
+
+    from tryloop.tasks.sources.swebench import TEST_EXTRAS, _declared
+
+    root = project.root
+    reqs: list[str] = []
+    found: list[str] = []
+    if (root / "PKG-INFO").is_file():
+        meta = email.parser.Parser().parsestr((root / "PKG-INFO").read_text(encoding="utf-8", errors="replace"))
+        for line in meta.get_all("Requires-Dist") or []:
+            req, _, marker = line.partition(";")
+            extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+            if extra is None or extra.group(1) in TEST_EXTRAS:
+                reqs.append(req.strip() + (f"; {marker.strip()}" if marker.strip() and extra is None else ""))
+        if reqs:
+            found.append("PKG-INFO")
+    for info in sorted(root.glob("*.egg-info/requires.txt")) + sorted(root.glob("src/*.egg-info/requires.txt")):
+        section, before = "", len(reqs)
+        for line in info.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if line.startswith("["):
+                section = line.strip("[]").split(":")[0]
+            elif line and not line.startswith("#") and (section == "" or section in TEST_EXTRAS):
+                reqs.append(line)
+        if len(reqs) > before:
+            found.append(info.relative_to(root).as_posix())
+    declared, files = _declared(root, None)
+    reqs += declared
+    found += files
+    out: list[str] = []
+    for line in reqs:
+        if line.startswith(("-", ".", "/", "~")) or "file:" in line or "://" in line.split("@", 1)[0]:
+            continue
+        if line not in out:
+            out.append(line)
+    return out, found
+
+
 def _version(project: Project) -> str:
     spec = project.origin.get("spec")
     if spec:
@@ -367,7 +411,8 @@ def environment_tag(project: Project) -> str:
 
 
 def environment_spec(project: Project, *, base: str = "host", workdir: str = "/workspace",
-                     empty_dir: str | Path | None = None, ca_bundle: str | Path | None = None):
+                     empty_dir: str | Path | None = None, ca_bundle: str | Path | None = None,
+                     requirements: list[str] | None = None, extensions: bool = True):
     """The image spec of a project's environment: `base` (the host-derived root, or an image id)
     and one `run` step, in a build sandbox with the filtered network, that builds a wheel of the
     sdist with the host's Python (`pip wheel --no-deps`: the build backend, setup.py, the
@@ -395,20 +440,46 @@ def environment_spec(project: Project, *, base: str = "host", workdir: str = "/w
         inputs[workdir] = str(empty_dir)
     if ca_bundle is not None:
         inputs[HOST_CA] = str(ca_bundle)
-    return ImageSpec(base=base, steps=[Step(run=script, inputs=inputs, network=True, timeout_s=1800)])
+    steps = []
+    env = {}
+    if requirements:
+        # The dependencies, from the index, into the image's site folder (on PYTHONPATH), in a
+        # build sandbox like the wheel; the site folder is the build user's on any base.
+        from tryloop.sandbox.build import SITE
+
+        deps = " && ".join([
+            *([f"export PIP_CERT={HOST_CA} SSL_CERT_FILE={HOST_CA}"] if ca_bundle is not None else []),
+            "python3 -m pip install --no-cache-dir --disable-pip-version-check --no-warn-script-location "
+            f"--target {SITE} " + " ".join(shlex.quote(r) for r in requirements)])
+        dep_inputs = {k: v for k, v in inputs.items() if k == HOST_CA}
+        if empty_dir is not None:
+            dep_inputs[SITE] = str(empty_dir)
+        steps.append(Step(run=deps, inputs=dep_inputs or None, network=True, timeout_s=1800))
+        env["PYTHONPATH"] = SITE
+    if extensions:
+        steps.append(Step(run=script, inputs=inputs, network=True, timeout_s=1800))
+    return ImageSpec(base=base, steps=steps, env=env)
 
 
-async def build_environment(runtime, project: Project, *, base: str | None = None, on_step=None) -> str:
+async def build_environment(runtime, project: Project, *, base: str | None = None, on_step=None,
+                            extensions: bool = True, dependencies: bool = False) -> str:
     """Build the environment image of an sdist's project (`environment_spec`) on `base` (an image
-    name or id; None: the host-derived root), name it `pypi/<name>:<version>`, record it in
-    `project.origin['environment']` (image id, tag, base, the extension modules built) and return
-    its id. The build runs in a build sandbox, never on the host; a failure raises BuildError
+    name or id; None: the host-derived root): with `dependencies`, what it declares it needs
+    (`runtime_requirements`) installed from the index; with `extensions`, its extension modules
+    compiled. Name it `pypi/<name>:<version>`, record it in `project.origin['environment']`
+    (image id, tag, base, the requirements installed, the extension modules built) and return
+    its id. Every step runs in a build sandbox, never on the host; a failure raises BuildError
     naming the project and the step."""
     from tryloop.errors import SandboxError
     from tryloop.sandbox.build import build_image
     from tryloop.sandbox.catalog import resolve, tag_image
     from tryloop.sandbox.dockerfile import BuildError
 
+    requirements, sources = runtime_requirements(project) if dependencies else ([], [])
+    if not extensions and not requirements:
+        raise BuildError(f"{project.name}: nothing to build: it declares no dependencies"
+                         + (f" (read: {', '.join(sources)})" if sources else "")
+                         + ", and building its extension modules was not asked for")
     base_id, workdir = "host", "/workspace"
     if base is not None:
         try:
@@ -424,15 +495,19 @@ async def build_environment(runtime, project: Project, *, base: str | None = Non
             spec = environment_spec(project, base=base_id, workdir=workdir,
                                     empty_dir=None if base is None else empty,
                                     ca_bundle=HOST_CA_BUNDLE if base is not None and HOST_CA_BUNDLE.is_file()
-                                    else None)
+                                    else None, requirements=requirements, extensions=extensions)
+            what = ([f"install {', '.join(requirements)}"] if requirements else []) + \
+                (["build the sdist's wheel, keep its extension modules"] if extensions else [])
             image = await build_image(runtime, spec, on_step=on_step and (
-                lambda i, n, what, hit: on_step(f"{i}/{n} build the sdist's wheel, keep its extension modules "
-                                                f"({'cached' if hit else 'built'})")))
+                lambda i, n, _what, hit: on_step(f"{i}/{n} {what[i - 1]} ({'cached' if hit else 'built'})")))
     except SandboxError as e:
         raise BuildError(f"{project.name}: the environment {environment_tag(project)} did not build: {e}") from None
-    top = runtime.store.path(image.layers[0]) / workdir.strip("/")
-    built = sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file()) if top.is_dir() else []
+    built: list[str] = []
+    if extensions:
+        top = runtime.store.path(image.layers[0]) / workdir.strip("/")
+        built = sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file()) if top.is_dir() else []
     tag_image(runtime.store, environment_tag(project), image.id)
     project.origin["environment"] = {"image": image.id, "tag": environment_tag(project),
-                                     "base": base or "host", "built": built}
+                                     "base": base or "host", "built": built, "requirements": requirements,
+                                     "requirements_from": sources}
     return image.id
