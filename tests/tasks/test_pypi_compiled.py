@@ -146,6 +146,8 @@ def test_what_an_sdist_declares_it_needs_is_read_never_run(tmp_path):
 def test_extension_modules_are_placed_beside_their_package(tmp_path, layout):
     """The placing script (run in the build sandbox) copies the wheel's extension modules to where
     the package lies in the project's tree, and nothing else of the wheel."""
+    from tryloop.tasks.sources.local import is_src_layout
+
     src = tmp_path / "build"
     (src / ("src/pkg" if layout == "src" else "pkg")).mkdir(parents=True)
     (tmp_path / "wheel").mkdir()
@@ -154,7 +156,8 @@ def test_extension_modules_are_placed_beside_their_package(tmp_path, layout):
         z.writestr("pkg/_fast.cpython-311-x86_64-linux-gnu.so", b"\x7fELF")
         z.writestr("pkg-1.0.dist-info/RECORD", "")
     ws = tmp_path / "ws"
-    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws)],
+    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws),
+                          str(int(is_src_layout(src)))],
                          capture_output=True, text=True, check=True).stdout.split()
     where = "src/pkg" if layout == "src" else "pkg"
     assert out == [f"{where}/_fast.cpython-311-x86_64-linux-gnu.so"]
@@ -177,7 +180,8 @@ def test_a_top_level_extension_module_goes_where_the_test_command_imports_from(t
         z.writestr("fast.cpython-311-x86_64-linux-gnu.so", b"\x7fELF")
         z.writestr("fast-1.0.dist-info/RECORD", "")
     ws = tmp_path / "ws"
-    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws)],
+    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws),
+                          str(int(is_src_layout(src)))],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["fast.cpython-311-x86_64-linux-gnu.so"]
     # ... and in a src layout, beside the package in src/
@@ -185,7 +189,8 @@ def test_a_top_level_extension_module_goes_where_the_test_command_imports_from(t
     (src / "src" / "pkg" / "__init__.py").write_text("")
     assert is_src_layout(src)
     shutil.rmtree(ws)
-    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws)],
+    out = subprocess.run([sys.executable, "-c", _PLACE_EXTENSIONS, str(tmp_path / "wheel"), str(src), str(ws),
+                          str(int(is_src_layout(src)))],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["src/fast.cpython-311-x86_64-linux-gnu.so"]
 

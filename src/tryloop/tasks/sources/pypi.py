@@ -48,7 +48,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from tryloop.tasks.project import Project
-from tryloop.tasks.sources.local import SourceError, project_from_dir, validate_name
+from tryloop.tasks.sources.local import SourceError, is_src_layout, project_from_dir, validate_name
 
 _SPEC_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*$")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
@@ -302,25 +302,15 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 # Run with the task's interpreter in the build sandbox: copy the extension modules of the wheel
 # pip built into the working directory, at the place of their package in the project's tree
-# (`pkg/` or `src/pkg/`; a top-level module in `src/` only in a src layout, by the rule of
-# `local.is_src_layout`, which decides whether the test command imports from `src/`), and print
-# each path.
+# (`pkg/` or `src/pkg/`; a top-level module in `src/` only in a src layout: argv[4] is "1" where
+# `local.is_src_layout`, which decides whether the test command imports from `src/`, said so on
+# the host), and print each path.
 _PLACE_EXTENSIONS = r"""
 import glob, os, sys, zipfile
 wheels, src, ws = glob.glob(sys.argv[1] + "/*.whl"), sys.argv[2], sys.argv[3]
+src_layout = sys.argv[4] == "1"
 if len(wheels) != 1:
     sys.exit(f"expected one wheel, found {wheels}")
-
-
-def package(d):
-    return os.path.isfile(os.path.join(d, "__init__.py"))
-
-
-s = os.path.join(src, "src")
-src_layout = os.path.isdir(s) and any(package(os.path.join(s, n)) or (n.endswith(".py") and
-                                                                       os.path.isfile(os.path.join(s, n)))
-                                      for n in os.listdir(s)) and \
-    not any(package(os.path.join(src, n)) and n not in ("tests", "test") for n in os.listdir(src))
 placed = []
 with zipfile.ZipFile(wheels[0]) as z:
     for name in z.namelist():
@@ -433,7 +423,8 @@ def environment_spec(project: Project, *, base: str = "host", workdir: str = "/w
         *([f"export PIP_CERT={HOST_CA} SSL_CERT_FILE={HOST_CA}"] if ca_bundle is not None else []),
         f"rm -rf {build} {wheel}", f"cp -R {SDIST_INPUT} {build}", f"cd {build}",
         f"python3 -m pip wheel --no-deps --no-cache-dir --disable-pip-version-check -w {wheel} .",
-        f"python3 -c {shlex.quote(_PLACE_EXTENSIONS)} {wheel} {build} {shlex.quote(workdir)}",
+        f"python3 -c {shlex.quote(_PLACE_EXTENSIONS)} {wheel} {build} {shlex.quote(workdir)} "
+        f"{int(is_src_layout(project.root))}",
         f"cd / && rm -rf {build} {wheel}"])
     inputs = {SDIST_INPUT: str(project.root)}
     if empty_dir is not None:
