@@ -349,7 +349,7 @@ def runtime_requirements(project: Project) -> tuple[list[str], list[str]]:
     setup.cfg, with their test extras). Local paths and bare URLs are left out (as there)."""
     import email.parser
 
-    from tryloop.tasks.sources.swebench import TEST_EXTRAS, _declared
+    from tryloop.tasks.sources.swebench import TEST_EXTRAS, declared_requirements, installable
 
     root = project.root
     reqs: list[str] = []
@@ -373,16 +373,8 @@ def runtime_requirements(project: Project) -> tuple[list[str], list[str]]:
                 reqs.append(line)
         if len(reqs) > before:
             found.append(info.relative_to(root).as_posix())
-    declared, files = _declared(root, None)
-    reqs += declared
-    found += files
-    out: list[str] = []
-    for line in reqs:
-        if line.startswith(("-", ".", "/", "~")) or "file:" in line or "://" in line.split("@", 1)[0]:
-            continue
-        if line not in out:
-            out.append(line)
-    return out, found
+    declared, files = declared_requirements(root, None)
+    return installable(reqs + declared)[0], found + files
 
 
 def _version(project: Project) -> str:

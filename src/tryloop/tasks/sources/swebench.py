@@ -244,7 +244,7 @@ def _lines(text: str) -> list[str]:
     return out
 
 
-def _declared(repo_dir: Path, commit: str | None) -> tuple[list[str], list[str]]:
+def declared_requirements(repo_dir: Path, commit: str | None) -> tuple[list[str], list[str]]:
     """(requirement lines, files they came from) as the repository declares them at `commit`."""
     import configparser
     import tomllib
@@ -281,6 +281,19 @@ def _declared(repo_dir: Path, commit: str | None) -> tuple[list[str], list[str]]
     return reqs, found
 
 
+def installable(lines: list[str]) -> tuple[list[str], list[str]]:
+    """(requirements pip takes from an index, lines skipped): options, local paths and bare URLs
+    are skipped (a `name @ URL` direct reference is kept); duplicates dropped, order kept."""
+    reqs: list[str] = []
+    skipped: list[str] = []
+    for line in lines:
+        if line.startswith(("-", ".", "/", "~")) or "file:" in line or "://" in line.split("@", 1)[0]:
+            skipped.append(line)
+        elif line not in reqs:
+            reqs.append(line)
+    return reqs, skipped
+
+
 def environment_requirements(inst: dict[str, Any], repo_dir: Path, base_commit: str | None) -> dict[str, Any]:
     """What `origin.environment` records: the key, the requirements, where they came from and
     the lines skipped (see the module doc)."""
@@ -290,15 +303,9 @@ def environment_requirements(inst: dict[str, Any], repo_dir: Path, base_commit: 
         source: dict[str, Any] = {"from": ["instance"]}
     else:
         commit = inst.get("environment_setup_commit") or base_commit
-        lines, found = _declared(repo_dir, commit)
+        lines, found = declared_requirements(repo_dir, commit)
         source = {"from": found, "commit": commit or ""}
-    reqs: list[str] = []
-    skipped: list[str] = []
-    for line in lines:
-        if line.startswith(("-", ".", "/", "~")) or "file:" in line or "://" in line.split("@", 1)[0]:
-            skipped.append(line)
-        elif line not in reqs:
-            reqs.append(line)
+    reqs, skipped = installable(lines)
     version = str(inst.get("version") or "") or (base_commit or "")[:12] or "base"
     out = {"repo": inst["repo"], "version": version, "requirements": reqs, **source}
     if skipped:
