@@ -38,6 +38,7 @@ from typing import Any
 from tryloop.errors import ConfigError
 from tryloop.scheduler import AdmissionConfig
 from tryloop.scheduler.sim import LearnerConfig, SimConfig, simulate_training
+from tryloop.telemetry.stats import nearest_rank
 
 #: The real run's results in a checkout (absent from an installed package).
 CHECKOUT_REAL = Path(__file__).resolve().parents[3] / "benchmarks" / "results-overlap.json"
@@ -59,12 +60,6 @@ Log = Callable[[str], None]
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Nearest rank."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
 # ---- the real run ---------------------------------------------------------------------------
@@ -124,10 +119,10 @@ def summarise(rows: list[dict], started: float) -> dict[str, Any]:
     waits = [r.get("time_rollout_wait_s", r["time_rollout_wall_s"]) for r in rows][1:]
     updates = [r["time_update_s"] for r in rows][1:]
     return {"steps": len(rows), "wall_s": rows[-1]["time"] - started,
-            "step_interval_s": {"p50": pct(intervals, 0.5), "p90": pct(intervals, 0.9),
+            "step_interval_s": {"p50": nearest_rank(intervals, 50), "p90": nearest_rank(intervals, 90),
                                 "mean": statistics.fmean(intervals)},
-            "learner_wait_s": {"p50": pct(waits, 0.5), "p90": pct(waits, 0.9), "mean": statistics.fmean(waits)},
-            "update_s": {"p50": pct(updates, 0.5), "mean": statistics.fmean(updates)},
+            "learner_wait_s": {"p50": nearest_rank(waits, 50), "p90": nearest_rank(waits, 90), "mean": statistics.fmean(waits)},
+            "update_s": {"p50": nearest_rank(updates, 50), "mean": statistics.fmean(updates)},
             "staleness_max": max((r.get("staleness_max", 0) for r in rows), default=0),
             "stale_dropped": sum(r.get("stale_dropped", 0) for r in rows),
             "episodes": sum(r["episodes"] for r in rows), "rows": rows}

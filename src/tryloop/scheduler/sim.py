@@ -54,6 +54,7 @@ from tryloop.scheduler.context import EpisodeContext
 from tryloop.scheduler.core import Scheduler
 from tryloop.scheduler.request import EpisodeRequest, EpisodeState
 from tryloop.scheduler.vclock import run_virtual
+from tryloop.telemetry.stats import nearest_rank
 
 
 class SimConfig(_Model):
@@ -528,9 +529,8 @@ class LearnerConfig(_Model):
 
 
 def _pct(xs: list[float], q: float) -> float | None:
-    # Nearest rank, as benchmarks/overlap.py takes it from the real run.
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 3) if xs else None
+    # Nearest rank, as `tryloop bench train` takes it from the real run.
+    return round(nearest_rank(xs, q * 100), 3) if xs else None
 
 
 async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionConfig) -> dict[str, Any]:

@@ -257,6 +257,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[i] + (h - i) * (xs[i + 1] - xs[i])
 
 
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) as one of the values: for sorted x, x[round((n-1) q/100)]
+    (what a few samples, such as a run's step intervals, are reported with); NaN for none."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], not {q}")
+    xs = sorted(values)
+    return float(xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]) if xs else NAN
+
+
 def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> dict[float, float]:
     xs = sorted(values)
     return {q: percentile(xs, q) for q in qs}
