@@ -118,6 +118,7 @@ class EndpointSampler:
         self.announced = ""
         self.max_context = 0
         self.failure: SamplerError | None = None
+        self.missed: list[str] = []             # the last push: each endpoint it left out, and why
         self._written: Path | None = None       # the last push's file or folder under weights_dir
 
     # --- what a policy session reads ----------------------------------------------------
@@ -343,6 +344,7 @@ class EndpointSampler:
         why = await asyncio.gather(*[self._push_one(ep, path, req, version) for ep in self.endpoints])
         if all(why):
             raise SamplerError(f"weights {version!r} reached no sampler endpoint: " + "; ".join(why))
+        self.missed = [w for w in why if w]
         return [ep for ep, w in zip(self.endpoints, why, strict=True) if not w]
 
     async def _push_one(self, ep: _Endpoint, path: str, req: dict[str, Any], version: str) -> str:

@@ -112,12 +112,11 @@ class RemoteTrainEpisodes:
     async def _build(self) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
-        from tryloop.agent.endpoints import EndpointSampler
         from tryloop.agent.environments import Environments
         from tryloop.agent.hf import BUNDLED, ensure_converted
         from tryloop.sandbox import SandboxRuntime
         from tryloop.tasks.store import TaskStore
-        from tryloop.train.zone import sampler_policy
+        from tryloop.train.zone import endpoint_sampler, sampler_policy
 
         mine = code_identity()
         if mine != self.identity:
@@ -129,10 +128,8 @@ class RemoteTrainEpisodes:
         # Sampling happens on the endpoints: the worker needs only the tokenizer (the chat template).
         path = ensure_converted(name)[0] if name in BUNDLED else name
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(str(path)).is_dir())
-        sampler = EndpointSampler(self.endpoints, kind=self.kind, api_key=self.api_key,  # type: ignore[arg-type]
-                                  timeout_s=tc.sampler.timeout_s, retries=tc.sampler.retries,
-                                  weights_dir=tc.sampler.weights_dir, check_versions=False,
-                                  down_s=tc.sampler.down_s)
+        sampler = endpoint_sampler(tc, endpoints=self.endpoints, kind=self.kind, api_key=self.api_key,
+                                   check_versions=False)
         # Mid-run a worker may start while an endpoint is lost: that one is set aside, not fatal.
         await sampler.connect("", check_version=False, all_up=False)
         loaded = SimpleNamespace(tokenizer=tokenizer, name=name, weights_version="")

@@ -245,7 +245,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
-    from tryloop.train.zone import endpoint_sampler, sampler_api_key, sampler_policy, zone_key_for
+    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -274,15 +274,12 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     remote = endpoint_sampler(tcfg, loaded)     # None: the in-process engine
     if on_ray and remote is None:
         # Rollout workers sample over HTTP: the learner's process serves its model to them.
-        from tryloop.agent.endpoints import EndpointSampler
-
         try:
             url = await _serve_learner_model(tcfg, loaded, served)
         except BaseException:
             served.close()
             raise
-        remote = EndpointSampler([url], api_key=sampler_api_key(tcfg), timeout_s=tcfg.sampler.timeout_s, retries=0,
-                                 weights_dir=tcfg.sampler.weights_dir)
+        remote = endpoint_sampler(tcfg, endpoints=[url], kind="tryloop", retries=0, model_config=None)
     # Sampling elsewhere, the loaded model is the learner's (only its tokenizer and version are
     # the policy's); in-process, the engine owns one copy and the learner another.
     learner_model = loaded.model if remote is not None else \
@@ -548,12 +545,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     t_push = time.perf_counter()
                     await policy.engine.update_weights(weights, version=f"step-{step}")
                     push_s = time.perf_counter() - t_push
-                    left_out = [] if remote is None else \
-                        [ep.url for ep in remote.endpoints if ep.url not in remote.live()]
-                    if left_out:
+                    if remote is not None and remote.missed:
                         emit("log", {"message": f"step {step}: the weights did not reach sampler endpoint(s) "
-                                                f"{', '.join(left_out)}; sampling goes on without them until a "
-                                                "push reaches them"})
+                                                f"{'; '.join(remote.missed)}; sampling goes on without them until "
+                                                "a push reaches them"})
                     versions[f"step-{step}"] = step + 1
                     version_ready(step + 1).set()
                     del weights

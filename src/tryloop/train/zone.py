@@ -55,18 +55,23 @@ def sampler_api_key(tcfg: TrainRunConfig) -> str | None:
     return key
 
 
-def endpoint_sampler(tcfg: TrainRunConfig, loaded):
-    """The train.sampler endpoints, or None for the in-process engine (not yet connected)."""
+def endpoint_sampler(tcfg: TrainRunConfig, loaded=None, *, endpoints: list[str] | None = None, **overrides):
+    """An `EndpointSampler` (not yet connected) over `endpoints` (default: train.sampler.endpoints)
+    with train.sampler's settings, `overrides` taking precedence (a rollout worker names its
+    endpoints, kind and key, which the trainer read); None for no endpoints: the in-process
+    engine."""
     from tryloop.agent.endpoints import EndpointSampler
 
     sc = tcfg.sampler
-    if not sc.endpoints:
+    urls = sc.endpoints if endpoints is None else endpoints
+    if not urls:
         return None
+    api_key = overrides.pop("api_key") if "api_key" in overrides else sampler_api_key(tcfg)
     # Overlapped rollouts sample across pushes: the trainer checks each episode's versions instead.
-    return EndpointSampler(sc.endpoints, kind=sc.kind, api_key=sampler_api_key(tcfg), timeout_s=sc.timeout_s,
-                           retries=sc.retries, weights_dir=sc.weights_dir, down_s=sc.down_s,
-                           model_config=getattr(loaded.model, "config", None),
-                           check_versions=not tcfg.overlap)
+    kw = {"kind": sc.kind, "timeout_s": sc.timeout_s, "retries": sc.retries, "weights_dir": sc.weights_dir,
+          "down_s": sc.down_s, "model_config": getattr(getattr(loaded, "model", None), "config", None),
+          "check_versions": not tcfg.overlap, **overrides}
+    return EndpointSampler(urls, api_key=api_key, **kw)
 
 
 def by_family(task: Task) -> str:
