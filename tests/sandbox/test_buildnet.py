@@ -152,8 +152,13 @@ async def test_pooled_reset_and_forked_sandboxes_give_their_veth_back(runtime, o
         (fork,) = await sb.fork(1)
         try:
             assert fork.netdev and fork.netdev != sb.netdev and fork.netdev in devs()
-            # Its snapshot is the pool's plus what changed: resolv.conf and hosts are mounted, not kept.
-            assert fork.snapshot.layers[1:] == sb.snapshot.layers, (fork.snapshot, sb.snapshot)
+            # Its files are the pool's snapshot plus what changed: resolv.conf and hosts are
+            # mounted, not kept, neither in the layer the fork lent nor in a snapshot of it.
+            assert fork.snapshot == sb.snapshot and len(fork.live_layers) == 1, (fork.snapshot, sb.snapshot)
+            durable = await fork.snapshot_state()
+            assert durable.layers[2:] == sb.snapshot.layers, (durable, sb.snapshot)
+            for d in durable.layers[:2]:
+                assert not (runtime.store.path(d) / "etc").exists(), d
             assert (await fork.exec("cat /tmp/mark")).exit_code != 0  # reset: gone before the fork
             res = await fork.exec(reach)
             assert "outside-ok" in res.text(), res.text() + res.text("stderr")

@@ -197,3 +197,72 @@ async def test_agent_ids_outside_the_namespace_are_refused(runtime):
         sb = await runtime.create(config=SandboxConfig(uid=70000, gid=70000))
         await sb.close()  # not refused: close it before the test fails
     assert not runtime.live
+
+
+REMOUNT_C = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+struct attr { uint64_t set, clr, prop, userns; };
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *m = argv[i];
+        char path[512];
+        int r = mount(NULL, m, NULL, MS_REMOUNT | MS_BIND, NULL);
+        printf("%s remount-rw %d\n", m, r == 0);
+        struct attr a = {0, 1 /* MOUNT_ATTR_RDONLY */, 0, 0};
+        r = syscall(442 /* mount_setattr */, AT_FDCWD, m, 0x8000 /* AT_RECURSIVE */, &a, sizeof a);
+        printf("%s setattr-rw %d\n", m, r == 0);
+        int t = syscall(428 /* open_tree */, AT_FDCWD, m, 1 /* OPEN_TREE_CLONE */);
+        r = t >= 0 ? syscall(442, t, "", 0x1000 /* AT_EMPTY_PATH */, &a, sizeof a) : -1;
+        printf("%s clone-rw %d\n", m, r == 0);
+        snprintf(path, sizeof path, "%s/planted", m);
+        int fd = open(path, O_CREAT | O_WRONLY, 0644);
+        printf("%s write %d\n", m, fd >= 0);
+        if (t >= 0) {
+            snprintf(path, sizeof path, "/proc/self/fd/%d/planted", t);
+            fd = open(path, O_CREAT | O_WRONLY, 0644);
+            printf("%s write-clone %d\n", m, fd >= 0);
+        }
+    }
+    return 0;
+}
+"""
+
+
+async def test_root_inside_cannot_make_a_layer_writable(runtime, tmp_path):
+    """Root of a sandbox's user namespace (a kernel bug away: no command holds its
+    capabilities) tries to remount every layer its init mounted writable, and to write into
+    it: a layer of the shared store, which every sandbox of that snapshot reads, and a layer a
+    fork lent from its parent. The mounts were made in the sandbox's own namespace, which
+    could change their flags; the init locks them before anything runs."""
+    attack = tmp_path / "remount"
+    (tmp_path / "remount.c").write_text(REMOUNT_C)
+    subprocess.run(["cc", "-O1", "-static", "-o", str(attack), str(tmp_path / "remount.c")], check=True)
+    snap = runtime.workspace_snapshot({"f.txt": "original\n"})
+    async with _open(runtime, snapshot=snap) as parent:
+        assert (await parent.exec("echo parent > /workspace/g.txt")).ok
+        (child,) = await parent.fork(1)
+        try:
+            assert child.live_layers, "the fork copied: no layer was lent"
+            child.write_file("/tmp/remount", attack.read_bytes(), 0o755)
+            layers = sorted(os.listdir(f"/proc/{child.init_pid}/root/layers"), key=int)
+            enter = ["nsenter", "-t", str(child.init_pid), "-U", "-m", f"--root=/proc/{child.init_pid}/root",
+                     "--wd=/"]
+            res = subprocess.run([*enter, "/root/tmp/remount", *(f"/layers/{n}" for n in layers)],
+                                 capture_output=True, text=True, timeout=30)
+            lines = res.stdout.splitlines()
+            assert len(lines) == 5 * len(layers) and len(layers) >= 2, (res.stdout, res.stderr)
+            assert not [x for x in lines if x.endswith(" 1")], f"root inside made a layer writable: {lines}"
+            # What the attack saw from inside, the host sees too: nothing planted anywhere.
+            assert (await child.exec("cat /workspace/g.txt /workspace/f.txt")).text() == "parent\noriginal\n"
+            assert not (runtime.store.path(snap.layers[0]) / "planted").exists()
+            assert not Path(f"/proc/{parent.init_pid}/root/rw/snap-0/planted").exists()
+        finally:
+            await child.close()

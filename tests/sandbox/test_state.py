@@ -299,6 +299,118 @@ async def test_fork_of_a_fork(sb):
         await child.close()
 
 
+def _stored_layers(runtime) -> int:
+    store = runtime.store
+    return sum(len(os.listdir(d)) for d in (store.layers_dir, store.memory_dir and store.memory_dir / "layers")
+               if d and os.path.isdir(d))
+
+
+async def test_a_quiescent_sandbox_forks_without_copying(runtime, sb):
+    res = await sb.exec("set -e; echo v2 > README.md; rm src/util.py; rm -r data; mkdir -p new/deep; "
+                        "echo n > new/deep/f")
+    assert res.ok, res.text("stderr")
+    at_fork = ws_digest(sb)
+    stored = _stored_layers(runtime)
+    (child,) = await sb.fork(1)
+    try:
+        # The parent's writable layer was frozen where it is and lent: nothing was copied.
+        assert child.snapshot == sb.snapshot and [x.owner for x in child.live_layers] == [sb]
+        assert child.live_layers[0].digest is None and _stored_layers(runtime) == stored
+        assert ws_digest(child) == at_fork == ws_digest(sb)
+        # Each side's writes are its own, on top of what they share.
+        assert (await sb.exec("echo p > README.md; echo p > p.txt")).ok
+        assert (await child.exec("echo c > README.md; rm -r new; echo c > src/util.py")).ok
+        assert child.read_file("README.md") == b"c\n" and not child.files.exists("p.txt")
+        assert sb.read_file("README.md") == b"p\n" and sb.files.exists("new/deep/f")
+        assert not sb.files.exists("src/util.py") and not sb.files.exists("data")
+        # The child resets to the fork point, the parent to its own snapshot.
+        await child.reset()
+        assert ws_digest(child) == at_fork
+        await sb.reset()
+        assert sb.read_file("README.md") == FILES["README.md"].encode() and sb.files.exists("src/util.py")
+        # The lent layer lives on with the child: past the parent's reset and close.
+        await sb.close()
+        assert (await child.exec("echo again > README.md; cat new/deep/f")).text() == "n\n"
+        await child.reset()
+        assert ws_digest(child) == at_fork
+        # A snapshot of the child copies the lent layer into the store: it outlives them all.
+        snap = await child.snapshot_state()
+        assert not any(x.digest is None for x in child.live_layers)
+    finally:
+        await child.close()
+    async with await runtime.create(snap, child.config) as again:
+        assert ws_digest(again) == at_fork
+
+
+async def test_a_busy_sandbox_forks_by_copying_and_keeps_running(sb):
+    sb.write_file("state.txt", "1")
+    running = await sb.start("sleep 1000")  # a command in flight
+    (a,) = await sb.fork(1)
+    running.kill()
+    await running.wait()
+    # A process left behind by a finished command: the host knows of no command, the init does.
+    assert (await sb.exec("setsid sleep 1000 > /dev/null 2>&1 < /dev/null &")).ok
+    (b,) = await sb.fork(1)
+    try:
+        for kid in (a, b):
+            assert not kid.live_layers and kid.snapshot != sb.snapshot  # a copied layer
+            assert kid.read_file("state.txt") == b"1"
+        assert "sleep" in await _comms(sb)  # nothing of the parent was stopped
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_forks_stack_frozen_layers_up_to_a_bound_then_copy(sb):
+    from tryloop.sandbox.sandbox import MAX_LIVE_LAYERS
+
+    kids = []
+    try:
+        for i in range(MAX_LIVE_LAYERS + 1):
+            sb.write_file("gen.txt", str(i))
+            kids += await sb.fork(1)
+        assert [len(k.live_layers) for k in kids] == [*range(1, MAX_LIVE_LAYERS + 1), 0]
+        for i, k in enumerate(kids):
+            assert k.read_file("gen.txt") == str(i).encode()
+        await sb.reset()  # frozen layers go with the reset: the next fork lends again
+        sb.write_file("gen.txt", "after")
+        kids += await sb.fork(2)
+        assert [len(k.live_layers) for k in kids[-2:]] == [1, 1]
+        assert kids[-1].live_layers == kids[-2].live_layers
+        assert kids[-1].read_file("gen.txt") == b"after" and kids[0].read_file("gen.txt") == b"0"
+    finally:
+        for k in kids:
+            await k.close()
+
+
+async def test_an_unchanged_sandbox_forks_on_the_layer_it_froze_last(sb):
+    sb.write_file("x.txt", "x")
+    (a,) = await sb.fork(1)
+    (b,) = await sb.fork(1)
+    try:
+        assert a.live_layers == b.live_layers and len(b.live_layers) == 1
+        assert b.read_file("x.txt") == b"x"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_forked_childs_files_carry_its_own_ids(sb):
+    """The frozen layer is lent idmapped: on the host, the child's view of the parent's files
+    carries the child's id range, never the parent's."""
+    sb.write_file("mine.txt", "x")
+    (child,) = await sb.fork(1)
+    try:
+        st = os.stat(child.root_dir() / "workspace" / "mine.txt")
+        assert st.st_uid == child.host_id(1000) and st.st_gid == child.host_id(1000)
+        if child.id_base:
+            assert child.id_base != sb.id_base
+        res = await child.exec("stat -c %u:%g mine.txt && echo y >> mine.txt && cat mine.txt")
+        assert res.text() == "1000:1000\nxy\n", res.text("stderr")
+    finally:
+        await child.close()
+
+
 async def test_fork_rejects_n_below_one(sb):
     with pytest.raises(ValueError):
         await sb.fork(0)

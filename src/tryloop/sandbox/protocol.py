@@ -10,10 +10,14 @@ PROTO_VERSION = 1
 REQ = struct.Struct("=8I4Q")  # op id flags timeout_ms nargs nenv uid gid | nofile fsize cpu sig
 RSP = struct.Struct("=2I2i2I6Q")  # op id status err stage flags | pid wall utime stime maxrss extra
 
-OP_EXEC, OP_KILL, OP_RESET, OP_PING = 1, 2, 3, 4
-R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED, R_ZYGOTE = range(1, 11)
+OP_EXEC, OP_KILL, OP_RESET, OP_PING, OP_ROTATE, OP_EXPORT = 1, 2, 3, 4, 5, 6
+(R_PID, R_READY, R_STARTED, R_FAILED, R_EXIT, R_RESET, R_PONG, R_FATAL, R_EXPIRED, R_ZYGOTE,
+ R_ROTATED, R_EXPORT) = range(1, 13)
 # R_ZYGOTE carries (SCM_RIGHTS) the host's end of a new zygote's socket: exec requests go
 # there directly, one hop shorter than through the init; the init still reaps and reports.
+# OP_ROTATE (a fork without a copy) makes the writable layer a lower layer; R_ROTATED's pid
+# field is its number, err EBUSY if the sandbox was not quiescent. OP_EXPORT (number in
+# `sig`) answers R_EXPORT carrying a read-only detached mount of that layer.
 
 F_STDIN, F_STDOUT, F_STDERR, F_MERGE, F_QUIET = 1, 2, 4, 8, 16  # F_QUIET: no start report
 X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4

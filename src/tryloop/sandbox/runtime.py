@@ -12,6 +12,7 @@ registry (idranges.py) and released when it closes.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import hashlib
@@ -24,7 +25,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
 from tryloop.sandbox.images import Image, host_image, load_image, with_host_python
 from tryloop.sandbox.layers import LayerStore, Snapshot
 from tryloop.sandbox.native import build_init
-from tryloop.sandbox.sandbox import Sandbox
+from tryloop.sandbox.sandbox import LiveLayer, Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,8 @@ class SandboxRuntime:
     # ---- sandboxes ---------------------------------------------------------
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
-                     *, timeout: float = 10.0, root_capabilities: bool = False) -> Sandbox:
+                     *, timeout: float = 10.0, root_capabilities: bool = False,
+                     live: Sequence[LiveLayer] = ()) -> Sandbox:
         """Start a sandbox whose files are exactly `snapshot` (default: the bare host image).
 
         `root_capabilities` (build sandboxes only): commands run as uid 0 hold
@@ -223,6 +225,9 @@ class SandboxRuntime:
         mounted there only, never part of a snapshot); a host that cannot give it fails
         the start (buildnet.SandboxNetworkError), never falls back to the host's network.
         The veth goes when the sandbox closes.
+
+        `live` (forks, `Sandbox.fork`): frozen writable layers of other sandboxes stacked on
+        top of `snapshot`, top-most first, each lent by its owner as a mount.
         """
         cfg = config or SandboxConfig()
         net_layer = ""
@@ -230,7 +235,7 @@ class SandboxRuntime:
             from tryloop.sandbox import buildnet
 
             net_layer = buildnet.etc_layer(self.store, cfg.hostname)
-        sb = await self._create(snapshot, cfg, timeout, root_capabilities, net_layer)
+        sb = await self._create(snapshot, cfg, timeout, root_capabilities, net_layer, tuple(live))
         if cfg.network:
             try:
                 sb.netdev = buildnet.attach(sb.init_pid).dev
@@ -241,7 +246,7 @@ class SandboxRuntime:
         return sb
 
     async def _create(self, snapshot: Snapshot | None, cfg: SandboxConfig, timeout: float,
-                      root_capabilities: bool, net_layer: str = "") -> Sandbox:
+                      root_capabilities: bool, net_layer: str = "", live: tuple[LiveLayer, ...] = ()) -> Sandbox:
         if root_capabilities and self.id_ranges is None:
             raise SandboxError("capabilities for root are given only inside a user namespace of the sandbox's "
                                f"own, which this runtime does not give ({self.user_namespaces_detail})")
@@ -256,6 +261,18 @@ class SandboxRuntime:
         cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
         top = (net_layer,) if net_layer else ()
         lowers = [str(self.store.path(d)) for d in (*top, *snap.layers, *image.layers)]
+        lent: list[int] = []  # closed below once the launcher has its copies
+        try:
+            for layer in live:
+                lent.append(await layer.owner.lend_layer(layer))
+            return await self._launch(snap, image, cfg, timeout, root_capabilities, top, lowers, live, lent)
+        finally:
+            for fd in lent:
+                os.close(fd)
+
+    async def _launch(self, snap: Snapshot, image: Image, cfg: SandboxConfig, timeout: float,
+                      root_capabilities: bool, top: tuple[str, ...], lowers: list[str],
+                      live: tuple[LiveLayer, ...], lent: list[int]) -> Sandbox:
         sid = secrets.token_hex(6)
         lim = cfg.limits
         id_base = self.id_ranges.claim(sid) if self.id_ranges is not None else 0
@@ -280,7 +297,10 @@ class SandboxRuntime:
                 items.append(("idbase", str(id_base)))
                 if root_capabilities:
                     items.append(("rootcaps", str(sum(1 << n for n in BUILD_CAPABILITIES.values()))))
-            items += [("lower", p) for p in lowers]
+            # Lower layers top-most first: the network's, the lent ones, the snapshot's, the image's.
+            items += [("lower", p) for p in lowers[:len(top)]]
+            items += [("lowerfd", str(i)) for i in range(len(lent))]
+            items += [("lower", p) for p in lowers[len(top):]]
             for src, dst in image.binds:
                 items += [("bsrc", src), ("bdst", dst)]
             items += [("cg", str(p)) for p in cg.procs_files()]
@@ -290,11 +310,13 @@ class SandboxRuntime:
                                       {})
             child_sock.close()
             child_sock = None
-            parent_sock.sendall(P.encode_config(items))
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lent))] if lent else []
+            parent_sock.sendmsg([P.encode_config(items)], anc)
             parent_sock.setblocking(False)
             env = dict(image.env)
             env.update(cfg.env)
-            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base)
+            sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base, live=live,
+                         live_at=len(top))
             parent_sock = None
             try:
                 await sb._handshake(timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import io
 import itertools
 import os
@@ -19,6 +20,7 @@ import socket
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -34,6 +36,29 @@ if TYPE_CHECKING:
 
 Command = str | Sequence[str]
 _ANC_SIZE = socket.CMSG_SPACE(4 * 3)
+# Frozen layers a sandbox may stack over its snapshot before a fork copies instead (the
+# init's MAXSNAP bounds its own; inherited ones count too: every lookup walks them).
+MAX_LIVE_LAYERS = 16
+
+
+@dataclass(eq=False)
+class LiveLayer:
+    """A writable layer a fork froze where it was instead of copying it (`Sandbox.fork`).
+
+    It is lower layer `index` (/rw/snap-N) of `owner`'s writable tmpfs, lent to each
+    child as a read-only mount, which keeps it alive as long as a child uses it. `owner`
+    lends it while it is alive and has not been reset since (`generation`); `digest` is
+    set once it has been copied into the layer store (a snapshot that must outlive the
+    sandboxes, or a child of a sandbox whose owner can no longer lend it).
+    """
+
+    owner: Sandbox
+    index: int
+    generation: int
+    digest: str | None = None
+
+    def lendable(self) -> bool:
+        return self.owner.alive and self.owner.resets == self.generation
 
 
 class SandboxOwner(Protocol):
@@ -43,7 +68,7 @@ class SandboxOwner(Protocol):
     store: LayerStore
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
-                     *, timeout: float = 10.0) -> Sandbox: ...
+                     *, timeout: float = 10.0, live: Sequence[LiveLayer] = ()) -> Sandbox: ...
     def _forget(self, sb: Sandbox) -> None: ...
 
 
@@ -57,12 +82,17 @@ class Sandbox:
 
     def __init__(self, runtime: SandboxOwner, sid: str, snapshot: Snapshot, config: SandboxConfig,
                  env: dict[str, str], cgroup: SandboxCgroup, sock: socket.socket, *,
-                 id_base: int = 0):
+                 id_base: int = 0, live: Sequence[LiveLayer] = (), live_at: int = 0):
         self.runtime = runtime
         self.id = sid
         # With a user namespace, id N inside is host id id_base + N; 0: no user namespace.
         self.id_base = id_base
         self.snapshot = snapshot
+        # A fork's child starts from `snapshot` with these frozen layers of other sandboxes
+        # on top (top-most first), lent as mounts: its init has them at layers/live_at.. .
+        self.live_layers = tuple(live)
+        self._live_at = live_at
+        self._frozen: list[LiveLayer] = []  # its own writable layers frozen by forks, newest first
         self.config = config
         self._base_env = env
         self._env_wire: tuple[int, bytes] | None = None  # _base_env as exec requests carry it
@@ -272,6 +302,14 @@ class Sandbox:
                        for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
                 if r.op == P.R_ZYGOTE:
                     self._on_zygote(fds)
+                    continue
+                if r.op == P.R_EXPORT and fds:  # a lent layer's mount (lend_layer)
+                    fut = self._waiters.pop((r.op, r.id), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(fds[0])
+                        fds = fds[1:]
+                    for fd in fds:
+                        os.close(fd)
                     continue
                 for fd in fds:  # no other reply carries descriptors
                     os.close(fd)
@@ -511,7 +549,8 @@ class Sandbox:
         self._send(P.encode_simple(P.OP_RESET, rid))
         reply = await asyncio.wait_for(fut, 30)
         self.cgroup.reset_peak()
-        self.resets += 1
+        self.resets += 1  # the layers forks froze are gone from it: it lends them no more
+        self._frozen.clear()
         return reply.wall_ns / 1e9
 
     def host_id(self, sandbox_id: int) -> int:
@@ -541,24 +580,120 @@ class Sandbox:
         so the layer is a consistent cut; they continue afterwards. The layer is
         kept on the runtime's tmpfs (fast, gone at reboot) unless `persist`, which
         writes it to the store on disk (and keeps the snapshot usable after a reboot).
+        Layers that forks froze in place (`live_layers`, the sandbox's own) are copied
+        into the store first, once each.
         """
         self._check()
+        base = self.snapshot
+        for live in reversed(self._live_stack()):
+            base = base.child(self._store_live(live, persist))
         try:
             self.cgroup.freeze()
             # Inline, not in a thread: a thread hand-off costs more than the copy.
             layer = self.runtime.store.add_tree(self.upper_dir(), memory=not persist, id_base=self.id_base)
         finally:
             self.cgroup.thaw()  # also after a freeze that timed out half-way
-        snap = self.snapshot.child(layer)
+        snap = base.child(layer)
         self.runtime.store.save_snapshot(snap, {"parent": self.snapshot.id, **(meta or {})})
         return snap
 
     async def fork(self, n: int = 1) -> list[Sandbox]:
-        """Snapshot the current state and start `n` new sandboxes from it."""
+        """Start `n` new sandboxes whose files are this one's now; this one goes on.
+
+        A quiescent sandbox (no command running, no process left behind by one) forks
+        without copying: its init makes the writable layer a read-only lower layer of its
+        own root, under a new empty writable layer, and lends that frozen layer to each
+        child as a mount (`LiveLayer`). Its files, inodes aside, are unchanged; a new zygote
+        starts its next commands. The frozen layers stay on its writable tmpfs, within its
+        disk quota, until its reset, and live on with the children that use them. A busy
+        sandbox, or one with MAX_LIVE_LAYERS frozen layers, forks through `snapshot_state`:
+        its processes are paused while its writable layer is copied.
+        """
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
-        snap = await self.snapshot_state({"forked_from": self.id})
-        return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
+        self._check()
+        live = await self._freeze_in_place()
+        if live is None:
+            snap = await self.snapshot_state({"forked_from": self.id})
+            return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
+        # Below the first layer its owner can no longer lend, the stack is copied into the
+        # store (`_store_live`): a child gets those as an ordinary snapshot.
+        lent = 0
+        while lent < len(live) and live[lent].lendable():
+            lent += 1
+        base = self.snapshot
+        for layer in reversed(live[lent:]):
+            base = base.child(self._store_live(layer, persist=False))
+        kids = await asyncio.gather(*(self.runtime.create(base, self.config, live=live[:lent]) for _ in range(n)),
+                                    return_exceptions=True)
+        failed = next((k for k in kids if isinstance(k, BaseException)), None)
+        if failed is not None:
+            await asyncio.gather(*(k.close() for k in kids if isinstance(k, Sandbox)))
+            raise failed
+        return list(kids)  # type: ignore[arg-type]
+
+    def _live_stack(self) -> tuple[LiveLayer, ...]:
+        """The frozen layers over `snapshot` now, top-most first."""
+        return (*self._frozen, *self.live_layers)
+
+    async def _freeze_in_place(self) -> tuple[LiveLayer, ...] | None:
+        """Freeze the writable layer where it is (OP_ROTATE); None if this sandbox is busy."""
+        if self._running or len(self._live_stack()) >= MAX_LIVE_LAYERS:
+            return None
+        rid = next(self._ids)
+        fut = self._expect(P.R_ROTATED, rid)
+        # Commands started meanwhile go through the init, after the rotation: the zygote
+        # they would reach directly may be replaced.
+        zsock, self._zsock = self._zsock, None
+        try:
+            self._send(P.encode_simple(P.OP_ROTATE, rid))
+            reply = await asyncio.wait_for(fut, 30)
+        finally:
+            if self._zsock is None and zsock is not None and zsock.fileno() >= 0 and self.alive:
+                self._zsock = zsock  # no new zygote came: the old one still serves
+            elif zsock is not None and zsock is not self._zsock:
+                zsock.close()
+        if reply.err == errno.EBUSY:
+            return None
+        if reply.err:
+            raise SandboxError(f"sandbox {self.id}: freezing its writable layer failed: {os.strerror(reply.err)}")
+        if not self._frozen or self._frozen[0].index != reply.pid:
+            self._frozen.insert(0, LiveLayer(self, reply.pid, self.resets))
+        return self._live_stack()
+
+    async def lend_layer(self, layer: LiveLayer) -> int:
+        """A read-only detached mount of one of this sandbox's frozen layers (the caller
+        owns the descriptor); for a new sandbox's launcher, which idmaps it for that one."""
+        if layer.owner is not self or not layer.lendable():
+            raise SandboxError(f"sandbox {self.id} cannot lend frozen layer {layer.index}: "
+                               f"{self._dead_reason or 'it was reset since'}")
+        rid = next(self._ids)
+        fut = self._expect(P.R_EXPORT, rid)
+        self._send(P.encode_simple(P.OP_EXPORT, rid, layer.index))
+        got = await asyncio.wait_for(fut, 10)
+        if isinstance(got, P.Reply):
+            raise SandboxError(f"sandbox {self.id}: lending frozen layer {layer.index} failed: "
+                               f"{os.strerror(got.err)}")
+        return got
+
+    def _store_live(self, layer: LiveLayer, persist: bool) -> str:
+        """Copy a frozen layer this sandbox has into the layer store (once); its digest.
+
+        Read through this sandbox's init: its own frozen layers on its writable tmpfs,
+        inherited ones where its init mounted them (idmapped to its ids). Nothing writes
+        to a frozen layer, so no freeze is needed.
+        """
+        store = self.runtime.store
+        if layer.digest is not None:
+            if persist:
+                store.persist(layer.digest)
+            return layer.digest
+        if layer in self._frozen:
+            src = Path(f"/proc/{self.init_pid}/root/rw/snap-{layer.index}")
+        else:
+            src = Path(f"/proc/{self.init_pid}/root/layers/{self._live_at + self.live_layers.index(layer)}")
+        layer.digest = store.add_tree(src, memory=not persist, id_base=self.id_base)
+        return layer.digest
 
     def stats(self) -> dict[str, int | None]:
         return {

@@ -35,6 +35,7 @@
  * the cost does not depend on the size of the workspace.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -68,10 +69,10 @@
 
 #define PROTO_VERSION 1
 
-enum { OP_EXEC = 1, OP_KILL = 2, OP_RESET = 3, OP_PING = 4 };
+enum { OP_EXEC = 1, OP_KILL = 2, OP_RESET = 3, OP_PING = 4, OP_ROTATE = 5, OP_EXPORT = 6 };
 enum {
     R_PID = 1, R_READY = 2, R_STARTED = 3, R_FAILED = 4, R_EXIT = 5,
-    R_RESET = 6, R_PONG = 7, R_FATAL = 8, R_EXPIRED = 9, R_ZYGOTE = 10,
+    R_RESET = 6, R_PONG = 7, R_FATAL = 8, R_EXPIRED = 9, R_ZYGOTE = 10, R_ROTATED = 11, R_EXPORT = 12,
 };
 /* Stages named in R_FAILED / R_FATAL so the host can say what broke. */
 enum {
@@ -105,12 +106,16 @@ struct rsp {
 
 #define MAXLAYERS 128
 #define MAXBINDS 32
+/* Writable layers a fork may turn into lower layers (/rw/snap-N) before a reset. */
+#define MAXSNAP 16
 #define MAXRUN 256
 #define MSGMAX (256 * 1024)
 
 static struct {
     char *mnt;                  /* host dir to mount the staging root on */
-    char *lower[MAXLAYERS];
+    char *lower[MAXLAYERS];     /* NULL: the layer came as a mount (lower_src) */
+    int lower_src[MAXLAYERS];   /* a detached mount sent with the config: another sandbox's
+                                 * frozen writable layer (a fork), not a path of the host */
     int nlower;
     char *bsrc[MAXBINDS], *bdst[MAXBINDS];
     int nbind;
@@ -173,6 +178,9 @@ static int write_file(const char *path, const char *s) {
     return n < 0 ? -1 : 0;
 }
 
+/* Descriptors that came with the config (SCM_RIGHTS): the mounts of "lowerfd" items. */
+static int sent[MAXLAYERS], nsent;
+
 static void parse_config(char *buf, size_t len) {
     char *p = buf, *end = buf + len;
     while (p < end) {
@@ -183,6 +191,15 @@ static void parse_config(char *buf, size_t len) {
         p += strlen(p) + 1;
         if (!strcmp(k, "mnt")) cfg.mnt = v;
         else if (!strcmp(k, "lower") && cfg.nlower < MAXLAYERS) cfg.lower[cfg.nlower++] = v;
+        else if (!strcmp(k, "lowerfd") && cfg.nlower < MAXLAYERS) {
+            long i = strtol(v, NULL, 10);
+            if (i < 0 || i >= nsent) {
+                errno = EBADF;
+                fatal(S_CONFIG);
+            }
+            cfg.lower[cfg.nlower] = NULL;
+            cfg.lower_src[cfg.nlower++] = sent[i];
+        }
         else if (!strcmp(k, "bsrc") && cfg.nbind < MAXBINDS) cfg.bsrc[cfg.nbind] = v;
         else if (!strcmp(k, "bdst") && cfg.nbind < MAXBINDS) cfg.bdst[cfg.nbind++] = v;
         else if (!strcmp(k, "cg") && cfg.ncg < 16) cfg.cg[cfg.ncg++] = v;
@@ -273,6 +290,16 @@ static int detached_tree(const char *path, int userns, int recursive, uint64_t a
     return fd;
 }
 
+/* A detached mount another sandbox's init made of its frozen writable layer (OP_EXPORT),
+ * idmapped for this sandbox: that layer's files are on disk with the other sandbox's
+ * host ids, which read as its ids 0..65535 through its user namespace (the tmpfs's
+ * owner), and so as this sandbox's same ids here. */
+static int idmap_detached(int fd, int userns) {
+    struct tl_mount_attr a = {TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV | TL_ATTR_IDMAP, 0, 0, (uint64_t)userns};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &a, sizeof a) < 0) return -1;
+    return fd;
+}
+
 static int move_mount_fd(int fd, const char *target) {
     int r = (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, target, TL_MOVE_MOUNT_F_EMPTY_PATH);
     int e = errno;
@@ -320,14 +347,21 @@ static int mount_proc(void) {
     return 0;
 }
 
-/* Mount what the agent sees at /root: overlay + read-only host binds + dev + proc. */
-static int mount_rootfs(void) {
+static int nsnap; /* writable layers turned into lower layers by forks: /rw/snap-0.. */
+
+/* Mount what the agent sees at /root: overlay + read-only host binds + dev + proc. With
+ * `fresh_rw` on a new writable tmpfs; without (a fork's rotation), on the one there is,
+ * whose frozen layers /rw/snap-N lie under the new writable layer, newest on top. */
+static int mount_rootfs(int fresh_rw) {
     char opts[16384], path[4096];
     int n;
-    n = snprintf(opts, sizeof opts, "size=%llu,mode=0755", (unsigned long long)cfg.quota);
-    if (mount("tlrw", "/rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
-    if (mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0) return -1;
+    if (fresh_rw) {
+        n = snprintf(opts, sizeof opts, "size=%llu,mode=0755", (unsigned long long)cfg.quota);
+        if (mount("tlrw", "/rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+        if (mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0) return -1;
+    }
     n = snprintf(opts, sizeof opts, "lowerdir=");
+    for (int k = nsnap - 1; k >= 0; k--) n += snprintf(opts + n, sizeof opts - n, "/rw/snap-%d:", k);
     for (int i = 0; i < cfg.nlower; i++)
         n += snprintf(opts + n, sizeof opts - n, "%s/layers/%d", i ? ":" : "", i);
     n += snprintf(opts + n, sizeof opts - n, ",upperdir=/rw/upper,workdir=/rw/work");
@@ -446,7 +480,8 @@ static void setup_root(void) {
         snprintf(path, sizeof path, "%s/layers/%d", stage, i);
         if (mkdir(path, 0700) < 0) fatal(S_MOUNT);
         if (cfg.idbase ? move_mount_fd(cfg.lower_fd[i], path) < 0
-                       : mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0)
+            : cfg.lower[i] ? mount(cfg.lower[i], path, NULL, MS_BIND, NULL) < 0
+                           : move_mount_fd(cfg.lower_src[i], path) < 0)
             fatal(S_MOUNT);
     }
     for (int i = 0; i < cfg.nbind; i++) {
@@ -460,7 +495,50 @@ static void setup_root(void) {
     if (syscall(SYS_pivot_root, stage, path) < 0) fatal(S_PIVOT);
     if (chdir("/") < 0 || umount2("/old", MNT_DETACH) < 0) fatal(S_PIVOT);
     rmdir("/old");
-    if (mount_rootfs() < 0) fatal(S_MOUNT);
+}
+
+/* Lock the mounts made so far (the layers, including those lent by a fork, the host binds,
+ * the device nodes, proc): the init moves into a user namespace nested in the sandbox's,
+ * with the same ids, and into a copy of its mount namespace. The kernel locks the flags of
+ * every mount copied into a namespace of a less privileged user namespace: read-only
+ * stays read-only, nosuid and nodev stay, and none may be unmounted to reveal what it
+ * covers. Without this, root of the sandbox's user namespace (which no command holds, but
+ * a kernel bug could give) could remount a layer of the shared store writable and change
+ * every sandbox made from it. Done after the hostname and the network, which need the
+ * sandbox's own user namespace; the writable layer and the root are mounted after it.
+ * The new namespace's id maps are written by a helper still in the sandbox's namespace
+ * (a process may not map its own namespace beyond one id). */
+static void lock_mounts(void) {
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) < 0) fatal(S_USERNS);
+    pid_t h = fork();
+    if (h < 0) fatal(S_USERNS);
+    if (h == 0) {
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) != 1) _exit(1);
+        if (write_file("/proc/1/uid_map", "0 0 65536") < 0) _exit(10 + errno);
+        if (write_file("/proc/1/gid_map", "0 0 65536") < 0) _exit(100 + errno);
+        _exit(0);
+    }
+    close(go[0]);
+    int r = unshare(CLONE_NEWUSER | CLONE_NEWNS), e = errno;
+    /* Entering a user namespace made this process non-dumpable, and its /proc files the
+     * host root's: dumpable again (until main clears it) so the helper may write them. */
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    (void)!write(go[1], "x", 1);
+    close(go[1]);
+    int st = 0;
+    while (waitpid(h, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (r < 0) {
+        errno = e;
+        fatal(S_USERNS);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        errno = WIFEXITED(st) ? WEXITSTATUS(st) : 200;
+        fatal(S_USERNS);
+    }
 }
 
 static void loopback_up(void) {
@@ -808,11 +886,9 @@ static _Noreturn void zygote_main(int s, int h) {
     }
 }
 
-/* The host's end of a new zygote's socket goes to the host in an R_ZYGOTE message. */
-static void send_zygote_fd(int fd) {
-    struct rsp r = {0};
-    r.op = R_ZYGOTE;
-    struct iovec iov = {&r, sizeof r};
+/* A reply with a descriptor attached. */
+static void send_rsp_fd(struct rsp *r, int fd) {
+    struct iovec iov = {r, sizeof *r};
     char cbuf[CMSG_SPACE(sizeof(int))];
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
@@ -826,6 +902,13 @@ static void send_zygote_fd(int fd) {
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
     while (sendmsg(ctl, &mh, MSG_NOSIGNAL) < 0 && errno == EINTR) {
     }
+}
+
+/* The host's end of a new zygote's socket goes to the host in an R_ZYGOTE message. */
+static void send_zygote_fd(int fd) {
+    struct rsp r = {0};
+    r.op = R_ZYGOTE;
+    send_rsp_fd(&r, fd);
 }
 
 static void spawn_zygote(void) {
@@ -1082,7 +1165,7 @@ static void do_reset(uint32_t id) {
     uint64_t t0 = now_ns();
     kill_everything(X_RESET);
     if (umount2("/root", MNT_DETACH) < 0 || umount2("/rw", MNT_DETACH) < 0 ||
-        unshare(CLONE_NEWIPC) < 0 || mount_rootfs() < 0) {
+        unshare(CLONE_NEWIPC) < 0 || (nsnap = 0, mount_rootfs(1)) < 0) {
         reply(R_FATAL, id, errno, S_RESET);
         _exit(112);
     }
@@ -1092,6 +1175,99 @@ static void do_reset(uint32_t id) {
     s.id = id;
     s.wall_ns = now_ns() - t0;
     send_rsp(&s);
+}
+
+/* Nothing runs but the init and the zygote: no command in flight, no process left behind
+ * by one (this pid namespace's /proc lists every process of the sandbox). */
+static int quiescent(void) {
+    if (nruns > 0 || npend > 0) return 0;
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int ok = 1;
+    struct dirent *e;
+    while (ok && (e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        ok = pid == 1 || pid == zpid;
+    }
+    closedir(d);
+    return ok;
+}
+
+/* A fork without a copy: the writable layer becomes a lower layer (/rw/snap-N) of a new
+ * overlay with an empty writable layer, so the sandbox's files stay exactly what they
+ * were and the frozen layer can be lent to children (OP_EXPORT). Only a quiescent
+ * sandbox rotates: a running process keeps its root on the old overlay and would write
+ * into the frozen layer. The zygote is replaced (its root is that overlay). EBUSY
+ * otherwise, and the host copies the layer instead. */
+static int dir_empty(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    struct dirent *e;
+    int empty = 1;
+    while (empty && (e = readdir(d))) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+static void do_rotate(uint32_t id) {
+    char snap[64], work[64];
+    if (nsnap > 0 && dir_empty("/rw/upper")) { /* nothing changed since the last fork: its layer */
+        struct rsp s = {0};
+        s.op = R_ROTATED;
+        s.id = id;
+        s.pid = (uint64_t)(nsnap - 1);
+        send_rsp(&s);
+        return;
+    }
+    if (nsnap >= MAXSNAP || cfg.nlower + nsnap >= MAXLAYERS || !quiescent()) {
+        reply(R_ROTATED, id, EBUSY, S_NONE);
+        return;
+    }
+    uint64_t t0 = now_ns();
+    kill_everything(X_RESET);
+    snprintf(snap, sizeof snap, "/rw/snap-%d", nsnap);
+    snprintf(work, sizeof work, "/rw/work-%d", nsnap);
+    if (umount2("/root", MNT_DETACH) < 0 || rename("/rw/upper", snap) < 0 || rename("/rw/work", work) < 0 ||
+        mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0) {
+        reply(R_FATAL, id, errno, S_MOUNT);
+        _exit(112);
+    }
+    nsnap++;
+    if (mount_rootfs(0) < 0) {
+        reply(R_FATAL, id, errno, S_MOUNT);
+        _exit(112);
+    }
+    spawn_zygote();
+    struct rsp s = {0};
+    s.op = R_ROTATED;
+    s.id = id;
+    s.pid = (uint64_t)(nsnap - 1);
+    s.wall_ns = now_ns() - t0;
+    send_rsp(&s);
+}
+
+/* A read-only detached mount of frozen layer `k` for a child sandbox's launcher, which
+ * idmaps it for the child (only the host's user namespace may). */
+static void do_export(uint32_t id, uint64_t k) {
+    char snap[64];
+    if (k >= (uint64_t)nsnap) {
+        reply(R_EXPORT, id, ENOENT, S_NONE);
+        return;
+    }
+    snprintf(snap, sizeof snap, "/rw/snap-%d", (int)k);
+    int fd = detached_tree(snap, -1, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV);
+    if (fd < 0) {
+        reply(R_EXPORT, id, errno, S_MOUNT);
+        return;
+    }
+    struct rsp s = {0};
+    s.op = R_EXPORT;
+    s.id = id;
+    s.pid = k;
+    send_rsp_fd(&s, fd);
+    close(fd);
 }
 
 static void serve(void) {
@@ -1170,6 +1346,14 @@ static void serve(void) {
                 for (int i = 0; i < nfds; i++) close(fds[i]);
                 reply(R_PONG, h.id, PROTO_VERSION, nruns);
                 break;
+            case OP_ROTATE:
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                do_rotate(h.id);
+                break;
+            case OP_EXPORT:
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                do_export(h.id, h.sig);
+                break;
             default:
                 for (int i = 0; i < nfds; i++) close(fds[i]);
             }
@@ -1222,7 +1406,8 @@ static pid_t launch_in_user_namespace(int flags) {
      * process that regained every capability of the sandbox's user namespace could not
      * write the host's /usr through a bind made writable again. */
     for (int i = 0; ok && i < cfg.nlower; i++)
-        ok = (fds[i] = detached_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
+        ok = (fds[i] = cfg.lower[i] ? detached_tree(cfg.lower[i], userns, 0, TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)
+                                    : idmap_detached(cfg.lower_src[i], userns)) >= 0;
     for (int i = 0; ok && i < cfg.nbind; i++)
         ok = (fds[cfg.nlower + i] = detached_tree(cfg.bsrc[i], -1, 1,
                                                   TL_ATTR_RDONLY | TL_ATTR_NOSUID | TL_ATTR_NODEV)) >= 0;
@@ -1251,10 +1436,29 @@ int main(int argc, char **argv) {
     ctl = atoi(argv[1]);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
     static char cbuf[MSGMAX];
-    ssize_t len = recv(ctl, cbuf, sizeof cbuf - 1, 0);
+    char abuf[CMSG_SPACE(sizeof(int) * MAXLAYERS)];
+    struct iovec iov = {cbuf, sizeof cbuf - 1};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = abuf;
+    mh.msg_controllen = sizeof abuf;
+    ssize_t len = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC);
     if (len <= 0) return 3;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                int fd = ((int *)CMSG_DATA(c))[i];
+                if (nsent < MAXLAYERS) sent[nsent++] = fd;
+                else close(fd);
+            }
     cbuf[len] = 0;
     parse_config(cbuf, len);
+    for (int i = 0; i < nsent; i++) { /* a descriptor no "lowerfd" names goes */
+        int used = 0;
+        for (int j = 0; j < cfg.nlower && !used; j++) used = !cfg.lower[j] && cfg.lower_src[j] == sent[i];
+        if (!used) close(sent[i]);
+    }
     load_seccomp();
     FILE *no = fopen("/proc/sys/fs/nr_open", "re");
     if (no) {
@@ -1301,6 +1505,8 @@ int main(int argc, char **argv) {
     setup_root();
     if (cfg.hostname && sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) fatal(S_MOUNT);
     loopback_up();
+    if (cfg.idbase) lock_mounts();
+    if (mount_rootfs(1) < 0) fatal(S_MOUNT);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     int devnull = open("/root/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull >= 0) {
