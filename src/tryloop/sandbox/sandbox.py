@@ -236,17 +236,12 @@ class Sandbox:
 
     def _send(self, data: bytes, fds: Sequence[int] = ()) -> None:
         self._check()
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        for _ in range(1000):
-            try:
-                self._sock.sendmsg([data], anc)
-                return
-            except BlockingIOError:
-                time.sleep(0.0005)  # the init drains in microseconds
-            except OSError as e:
-                self._fail(f"control socket: {e}")
-                raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason}") from None
-        raise SandboxError(f"sandbox {self.id}: control socket stayed full")
+        sent = _send_msg(self._sock, data, fds)
+        if isinstance(sent, OSError):
+            self._fail(f"control socket: {sent}")
+            raise SandboxClosed(f"sandbox {self.id}: {self._dead_reason}") from None
+        if not sent:
+            raise SandboxError(f"sandbox {self.id}: control socket stayed full")
 
     def _send_exec(self, data: bytes, fds: Sequence[int]) -> None:
         """An exec request goes to the zygote directly when its socket is known; one the
@@ -254,15 +249,8 @@ class Sandbox:
         z = self._zsock
         if z is not None:
             self._check()
-            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-            for _ in range(1000):
-                try:
-                    z.sendmsg([data], anc)
-                    return
-                except BlockingIOError:
-                    time.sleep(0.0005)
-                except OSError:
-                    break
+            if _send_msg(z, data, fds) is True:
+                return
             self._drop_zygote()
         self._send(data, fds)
 
@@ -743,6 +731,21 @@ class Sandbox:
     def __repr__(self) -> str:
         state = "alive" if self.alive else (self._dead_reason or "closed")
         return f"<Sandbox {self.id} snapshot={self.snapshot.id[:12]} {state}>"
+
+
+def _send_msg(sock: socket.socket, data: bytes, fds: Sequence[int]) -> bool | OSError:
+    """Send one message with `fds` attached, waiting out a full buffer (the peer drains
+    in microseconds): True once sent, False if it stayed full, or the error that stopped it."""
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    for _ in range(1000):
+        try:
+            sock.sendmsg([data], anc)
+            return True
+        except BlockingIOError:
+            time.sleep(0.0005)
+        except OSError as e:
+            return e
+    return False
 
 
 async def _feed(proc: Process, fd: int, data: bytes) -> None:
