@@ -1161,6 +1161,16 @@ static void kill_everything(uint32_t why) {
     gone_stage = S_FORK;
 }
 
+/* The report of a request that took the init `t0` on (its wall time) and names `value`. */
+static void send_done(uint32_t op, uint32_t id, uint64_t value, uint64_t t0) {
+    struct rsp s = {0};
+    s.op = op;
+    s.id = id;
+    s.pid = value;
+    s.wall_ns = now_ns() - t0;
+    send_rsp(&s);
+}
+
 static void do_reset(uint32_t id) {
     uint64_t t0 = now_ns();
     kill_everything(X_RESET);
@@ -1170,11 +1180,7 @@ static void do_reset(uint32_t id) {
         _exit(112);
     }
     spawn_zygote();
-    struct rsp s = {0};
-    s.op = R_RESET;
-    s.id = id;
-    s.wall_ns = now_ns() - t0;
-    send_rsp(&s);
+    send_done(R_RESET, id, 0, t0);
 }
 
 /* Nothing runs but the init and the zygote: no command in flight, no process left behind
@@ -1214,11 +1220,7 @@ static int dir_empty(const char *path) {
 static void do_rotate(uint32_t id) {
     char snap[64], work[64];
     if (nsnap > 0 && dir_empty("/rw/upper")) { /* nothing changed since the last fork: its layer */
-        struct rsp s = {0};
-        s.op = R_ROTATED;
-        s.id = id;
-        s.pid = (uint64_t)(nsnap - 1);
-        send_rsp(&s);
+        send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), now_ns());
         return;
     }
     if (nsnap >= MAXSNAP || cfg.nlower + nsnap >= MAXLAYERS || !quiescent()) {
@@ -1240,12 +1242,7 @@ static void do_rotate(uint32_t id) {
         _exit(112);
     }
     spawn_zygote();
-    struct rsp s = {0};
-    s.op = R_ROTATED;
-    s.id = id;
-    s.pid = (uint64_t)(nsnap - 1);
-    s.wall_ns = now_ns() - t0;
-    send_rsp(&s);
+    send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), t0);
 }
 
 /* A read-only detached mount of frozen layer `k` for a child sandbox's launcher, which
