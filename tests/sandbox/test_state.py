@@ -383,6 +383,17 @@ async def test_forks_stack_frozen_layers_up_to_a_bound_then_copy(sb):
             await k.close()
 
 
+async def test_a_kernel_that_cannot_lend_layers_forks_by_copying(runtime, sb, monkeypatch):
+    monkeypatch.setattr(type(runtime), "forks_in_place", property(lambda self: False))
+    sb.write_file("x.txt", "x")
+    (child,) = await sb.fork(1)
+    try:
+        assert not child.live_layers and child.snapshot != sb.snapshot
+        assert child.read_file("x.txt") == b"x"
+    finally:
+        await child.close()
+
+
 async def test_an_unchanged_sandbox_forks_on_the_layer_it_froze_last(sb):
     sb.write_file("x.txt", "x")
     (a,) = await sb.fork(1)

@@ -134,7 +134,7 @@ def _unescape_mount(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _kernel_at_least(major: int, minor: int) -> bool:
+def kernel_at_least(major: int, minor: int) -> bool:
     m = re.match(r"(\d+)\.(\d+)", os.uname().release)
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
@@ -221,7 +221,7 @@ class CgroupHost:
 
         # Freezer: the v2 core freezer of the v2 hierarchy already in use, else v1's
         # freezer controller, else any v2 hierarchy on a kernel that has cgroup.freeze.
-        v2_can_freeze = _kernel_at_least(5, 2)
+        v2_can_freeze = kernel_at_least(5, 2)
         primary_v2 = next((h for h in found.values() if h.kind == "v2"), None)
         v1_freezer = next((h for h in v1 if "freezer" in h.options), None)
         if primary_v2 is not None and v2_can_freeze:

@@ -222,6 +222,9 @@ def checks(config: RuntimeConfig | None = None, *, probe_network: bool = False) 
                      "read-only binds that stay read-only in every submount"))
     out.append(Check("pidfd_open", hasattr(os, "pidfd_open"), "process handles immune to pid reuse"))
     out.append(user_namespace_check(config or RuntimeConfig()))
+    out.append(Check("fork without copying", (major, minor) >= (6, 3), f"Linux {platform.release()}",
+                     fix="a fork lends its frozen layer as a tmpfs mount idmapped for the child, which needs "
+                         "Linux 6.3 or newer; older kernels fork by copying the writable layer", required=False))
     try:
         cg = CgroupHost.detect()
         for ctrl, where in cg.describe():

@@ -33,7 +33,7 @@ from tryloop.config import RuntimeConfig, SandboxConfig
 from tryloop.errors import HostUnsupported, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
-from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits
+from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits, kernel_at_least
 from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
 from tryloop.sandbox.images import Image, host_image, load_image, with_host_python
 from tryloop.sandbox.layers import LayerStore, Snapshot
@@ -130,6 +130,13 @@ class SandboxRuntime:
     def user_namespaces(self) -> bool:
         """Whether each sandbox of this runtime gets a user namespace and an id range of its own."""
         return self.id_ranges is not None
+
+    @property
+    def forks_in_place(self) -> bool:
+        """Whether `Sandbox.fork` can lend a frozen writable layer instead of copying it: with
+        user namespaces the child's launcher idmaps the parent's tmpfs, which Linux allows
+        from 6.3 on (`tryloop sandbox doctor` says so); older kernels fork by copying."""
+        return self.id_ranges is None or kernel_at_least(6, 3)
 
     # ---- images and snapshots -------------------------------------------
 

@@ -66,6 +66,7 @@ class SandboxOwner(Protocol):
     here so that this module does not import the one that uses it."""
 
     store: LayerStore
+    forks_in_place: bool
 
     async def create(self, snapshot: Snapshot | None = None, config: SandboxConfig | None = None,
                      *, timeout: float = 10.0, live: Sequence[LiveLayer] = ()) -> Sandbox: ...
@@ -626,7 +627,7 @@ class Sandbox:
 
     async def _freeze_in_place(self) -> tuple[LiveLayer, ...] | None:
         """Freeze the writable layer where it is (OP_ROTATE); None if this sandbox is busy."""
-        if self._running or len(self._live_stack()) >= MAX_LIVE_LAYERS:
+        if self._running or len(self._live_stack()) >= MAX_LIVE_LAYERS or not self.runtime.forks_in_place:
             return None
         rid = next(self._ids)
         fut = self._expect(P.R_ROTATED, rid)
