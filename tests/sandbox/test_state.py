@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -420,6 +422,93 @@ async def test_a_forked_childs_files_carry_its_own_ids(sb):
         assert res.text() == "1000:1000\nxy\n", res.text("stderr")
     finally:
         await child.close()
+
+
+async def test_a_fork_whose_caller_stopped_waiting_still_counts(sb):
+    """The init freezes the layer even if nobody waits for its answer: the host learns of it
+    from the reply whenever it comes, so later snapshots and forks keep what it froze."""
+    sb.write_file("one.txt", "1")
+    task = asyncio.ensure_future(sb.fork(1))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await sb.ping()  # replies come in order: the rotation's is in by now
+    sb.write_file("two.txt", "2")
+    (child,) = await sb.fork(1)
+    try:
+        assert child.read_file("one.txt") == b"1" and child.read_file("two.txt") == b"2"
+        snap = await sb.snapshot_state()
+    finally:
+        await child.close()
+    async with await sb.runtime.create(snap, sb.config) as again:
+        assert again.read_file("one.txt") == b"1" and again.read_file("two.txt") == b"2"
+
+
+async def test_a_layer_number_from_before_a_reset_is_refused(sb, monkeypatch):
+    """After a reset the init's layer numbers start again: a number the host held from before
+    (a race the host's own check cannot see) names another layer, and the init refuses it."""
+    from tryloop.sandbox.sandbox import LayerGone, LiveLayer
+
+    sb.write_file("old.txt", "old")
+    (a,) = await sb.fork(1)
+    stale = a.live_layers[0]
+    await sb.reset()
+    sb.write_file("new.txt", "new")
+    (b,) = await sb.fork(1)
+    try:
+        assert b.live_layers[0].index == stale.index and b.live_layers[0].generation != stale.generation
+        monkeypatch.setattr(LiveLayer, "lendable", lambda self: True)
+        with pytest.raises(LayerGone):
+            await sb.lend_layer(stale)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_fork_copies_while_something_still_holds_the_old_root(sb):
+    """A file the host holds open in the sandbox's root keeps that overlay mounted: the init
+    does not freeze a layer something could still write to, and the fork copies instead."""
+    sb.write_file("held.txt", "before")
+    path = sb.root_dir() / "workspace" / "held.txt"
+    with open(path, "r+b") as held:
+        (child,) = await sb.fork(1)
+        try:
+            assert not child.live_layers  # copied
+            held.write(b"after!")
+            held.flush()
+            assert child.read_file("held.txt") == b"before"
+        finally:
+            await child.close()
+    assert sb.read_file("held.txt") == b"after!"
+    assert (await sb.exec("echo fine")).text() == "fine\n"  # put back together, a new zygote
+
+
+async def test_a_fork_keeps_dev_shm_and_the_root_directorys_mode(sb):
+    assert (await sb.exec("echo kept > /dev/shm/x")).ok
+    enter = ["nsenter", "-t", str(sb.init_pid), "-U", "-m", f"--root={sb.root_dir()}", "--wd=/"]
+    if not sb.id_base:
+        enter.remove("-U")
+    # Root of the sandbox's namespace changes the mode of its root directory (the agent
+    # cannot): the sandbox keeps it across its fork, and a fork after a change of that mode
+    # alone freezes a new layer. (A sandbox's root directory takes its attributes from its
+    # own writable layer, so a child's is its own, as in any new sandbox.)
+    subprocess.run([*enter, "/bin/chmod", "0751", "/"], check=True)
+    kids = []
+    try:
+        kids += await sb.fork(1)
+        kids += await sb.fork(1)  # nothing changed: the same layer
+        assert (await sb.exec("stat -c %a /")).text().strip() == "751"
+        subprocess.run([*enter, "/bin/chmod", "0755", "/"], check=True)  # only the root's mode changed
+        kids += await sb.fork(1)
+        a, b, c = kids
+        assert (await sb.exec("cat /dev/shm/x")).text() == "kept\n"
+        assert a.live_layers == b.live_layers and c.live_layers[0] is not a.live_layers[0]
+        assert (await sb.exec("stat -c %a /")).text().strip() == "755"
+    finally:
+        for k in kids:
+            await k.close()
 
 
 async def test_fork_rejects_n_below_one(sb):

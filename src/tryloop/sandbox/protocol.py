@@ -16,8 +16,9 @@ OP_EXEC, OP_KILL, OP_RESET, OP_PING, OP_ROTATE, OP_EXPORT = 1, 2, 3, 4, 5, 6
 # R_ZYGOTE carries (SCM_RIGHTS) the host's end of a new zygote's socket: exec requests go
 # there directly, one hop shorter than through the init; the init still reaps and reports.
 # OP_ROTATE (a fork without a copy) makes the writable layer a lower layer; R_ROTATED's pid
-# field is its number, err EBUSY if the sandbox was not quiescent. OP_EXPORT (number in
-# `sig`) answers R_EXPORT carrying a read-only detached mount of that layer.
+# field is its number and its flags the init's generation (resets so far; R_RESET's pid
+# field), err EBUSY if the sandbox was not quiescent. OP_EXPORT (number in `sig`, generation
+# in `flags`) answers R_EXPORT carrying a read-only detached mount of that layer, or ESTALE.
 
 F_STDIN, F_STDOUT, F_STDERR, F_MERGE, F_QUIET = 1, 2, 4, 8, 16  # F_QUIET: no start report
 X_TIMEDOUT, X_RESET, X_EXPIRED = 1, 2, 4
@@ -85,5 +86,5 @@ def encode_exec(
     return head + _strings([cwd, *argv]) + env_bytes
 
 
-def encode_simple(op: int, req_id: int = 0, sig: int = 0) -> bytes:
-    return REQ.pack(op, req_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, sig)
+def encode_simple(op: int, req_id: int = 0, sig: int = 0, flags: int = 0) -> bytes:
+    return REQ.pack(op, req_id, flags, 0, 0, 0, 0, 0, 0, 0, 0, sig)

@@ -41,13 +41,19 @@ _ANC_SIZE = socket.CMSG_SPACE(4 * 3)
 MAX_LIVE_LAYERS = 16
 
 
+class LayerGone(SandboxError):
+    """A frozen layer's owner can no longer lend it (closed, or reset since)."""
+
+
 @dataclass(eq=False)
 class LiveLayer:
     """A writable layer a fork froze where it was instead of copying it (`Sandbox.fork`).
 
     It is lower layer `index` (/rw/snap-N) of `owner`'s writable tmpfs, lent to each
     child as a read-only mount, which keeps it alive as long as a child uses it. `owner`
-    lends it while it is alive and has not been reset since (`generation`); `digest` is
+    lends it while it is alive and its init has not been reset since (`generation`, the
+    init's count of resets, which the init checks too: a number means another layer after a
+    reset); `digest` is
     set once it has been copied into the layer store (a snapshot that must outlive the
     sandboxes, or a child of a sandbox whose owner can no longer lend it).
     """
@@ -58,7 +64,7 @@ class LiveLayer:
     digest: str | None = None
 
     def lendable(self) -> bool:
-        return self.owner.alive and self.owner.resets == self.generation
+        return self.owner.alive and self.owner._generation == self.generation
 
 
 class SandboxOwner(Protocol):
@@ -93,7 +99,11 @@ class Sandbox:
         # on top (top-most first), lent as mounts: its init has them at layers/live_at.. .
         self.live_layers = tuple(live)
         self._live_at = live_at
-        self._frozen: list[LiveLayer] = []  # its own writable layers frozen by forks, newest first
+        # Its own writable layers frozen by forks, newest first, and its init's generation
+        # (resets): both kept from the init's replies as they arrive, so that a fork or reset
+        # whose caller stopped waiting still counts.
+        self._frozen: list[LiveLayer] = []
+        self._generation = 0
         self.config = config
         self._base_env = env
         self._env_wire: tuple[int, bytes] | None = None  # _base_env as exec requests carry it
@@ -307,6 +317,12 @@ class Sandbox:
                 if fut is not None and not fut.done():
                     fut.set_result(r)
                 continue
+            if r.op == P.R_ROTATED and not r.err:
+                if not self._frozen or (self._frozen[0].index, self._frozen[0].generation) != (r.pid, r.flags):
+                    self._frozen.insert(0, LiveLayer(self, r.pid, r.flags))
+            elif r.op == P.R_RESET:  # the frozen layers went with the old writable tmpfs
+                self._frozen.clear()
+                self._generation = r.pid
             if r.op == P.R_FATAL:
                 self._fail(f"init failed at {P.stage_name(r.stage)}: {os.strerror(r.err)}")
                 return
@@ -538,8 +554,7 @@ class Sandbox:
         self._send(P.encode_simple(P.OP_RESET, rid))
         reply = await asyncio.wait_for(fut, 30)
         self.cgroup.reset_peak()
-        self.resets += 1  # the layers forks froze are gone from it: it lends them no more
-        self._frozen.clear()
+        self.resets += 1
         return reply.wall_ns / 1e9
 
     def host_id(self, sandbox_id: int) -> int:
@@ -616,10 +631,14 @@ class Sandbox:
         kids = await asyncio.gather(*(self.runtime.create(base, self.config, live=live[:lent]) for _ in range(n)),
                                     return_exceptions=True)
         failed = next((k for k in kids if isinstance(k, BaseException)), None)
-        if failed is not None:
-            await asyncio.gather(*(k.close() for k in kids if isinstance(k, Sandbox)))
+        if failed is None:
+            return list(kids)  # type: ignore[arg-type]
+        await asyncio.gather(*(k.close() for k in kids if isinstance(k, Sandbox)))
+        if not isinstance(failed, LayerGone):
             raise failed
-        return list(kids)  # type: ignore[arg-type]
+        # An owner reset or closed meanwhile: copy what it can no longer lend.
+        snap = await self.snapshot_state({"forked_from": self.id})
+        return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
 
     def _live_stack(self) -> tuple[LiveLayer, ...]:
         """The frozen layers over `snapshot` now, top-most first."""
@@ -646,23 +665,24 @@ class Sandbox:
             return None
         if reply.err:
             raise SandboxError(f"sandbox {self.id}: freezing its writable layer failed: {os.strerror(reply.err)}")
-        if not self._frozen or self._frozen[0].index != reply.pid:
-            self._frozen.insert(0, LiveLayer(self, reply.pid, self.resets))
-        return self._live_stack()
+        return self._live_stack()  # the reply put the layer on top (_on_readable)
 
     async def lend_layer(self, layer: LiveLayer) -> int:
         """A read-only detached mount of one of this sandbox's frozen layers (the caller
         owns the descriptor); for a new sandbox's launcher, which idmaps it for that one."""
         if layer.owner is not self or not layer.lendable():
-            raise SandboxError(f"sandbox {self.id} cannot lend frozen layer {layer.index}: "
-                               f"{self._dead_reason or 'it was reset since'}")
+            raise LayerGone(f"sandbox {self.id} cannot lend frozen layer {layer.index}: "
+                            f"{self._dead_reason or 'it was reset since'}")
         rid = next(self._ids)
         fut = self._expect(P.R_EXPORT, rid)
-        self._send(P.encode_simple(P.OP_EXPORT, rid, layer.index))
+        try:
+            self._send(P.encode_simple(P.OP_EXPORT, rid, layer.index, flags=layer.generation))
+        except SandboxClosed as e:
+            raise LayerGone(str(e)) from None
         got = await asyncio.wait_for(fut, 10)
         if isinstance(got, P.Reply):
-            raise SandboxError(f"sandbox {self.id}: lending frozen layer {layer.index} failed: "
-                               f"{os.strerror(got.err)}")
+            error = LayerGone if got.err == errno.ESTALE else SandboxError
+            raise error(f"sandbox {self.id}: lending frozen layer {layer.index} failed: {os.strerror(got.err)}")
         return got
 
     def _store_live(self, layer: LiveLayer, persist: bool) -> str:

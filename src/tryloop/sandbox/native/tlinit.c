@@ -348,12 +348,14 @@ static int mount_proc(void) {
 }
 
 static int nsnap; /* writable layers turned into lower layers by forks: /rw/snap-0.. */
+/* Resets so far: a frozen layer's number means something only within one (OP_EXPORT). */
+static uint64_t generation;
 
-/* Mount what the agent sees at /root: overlay + read-only host binds + dev + proc. With
- * `fresh_rw` on a new writable tmpfs; without (a fork's rotation), on the one there is,
- * whose frozen layers /rw/snap-N lie under the new writable layer, newest on top. */
-static int mount_rootfs(int fresh_rw) {
-    char opts[16384], path[4096];
+/* The overlay the agent sees at /root. With `fresh_rw` on a new writable tmpfs; without
+ * (a fork's rotation), on the one there is, whose frozen layers /rw/snap-N lie under the
+ * new writable layer, newest on top. */
+static int mount_overlay(int fresh_rw) {
+    char opts[16384];
     int n;
     if (fresh_rw) {
         n = snprintf(opts, sizeof opts, "size=%llu,mode=0755", (unsigned long long)cfg.quota);
@@ -369,7 +371,13 @@ static int mount_rootfs(int fresh_rw) {
      * are marked with user.overlay.opaque (the layer store writes both). */
     if (cfg.idbase) n += snprintf(opts + n, sizeof opts - n, ",userxattr");
     if (n >= (int)sizeof opts) { errno = E2BIG; return -1; }
-    if (mount("tlroot", "/root", "overlay", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+    return mount("tlroot", "/root", "overlay", MS_NOSUID | MS_NODEV, opts);
+}
+
+/* What is mounted on the overlay: read-only host binds, dev, /dev/shm, proc. With
+ * `keep_shm`, /dev/shm is the one a rotation set aside at /shmkeep (its files stay). */
+static int mount_extras(int keep_shm) {
+    char opts[256], path[4096];
     for (int i = 0; i < cfg.nbind; i++) {
         char src[64];
         snprintf(src, sizeof src, "/binds/%d", i);
@@ -397,8 +405,14 @@ static int mount_rootfs(int fresh_rw) {
     if (mount(NULL, "/root/dev", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0)
         return -1;
     snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)cfg.shm);
-    if (mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+    if (keep_shm ? mount("/shmkeep", "/root/dev/shm", NULL, MS_MOVE, NULL) < 0
+                 : mount("tlshm", "/root/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        return -1;
     return mount_proc();
+}
+
+static int mount_rootfs(int fresh_rw) {
+    return mount_overlay(fresh_rw) < 0 ? -1 : mount_extras(0);
 }
 
 #ifndef SYS_fsopen
@@ -1161,12 +1175,14 @@ static void kill_everything(uint32_t why) {
     gone_stage = S_FORK;
 }
 
-/* The report of a request that took the init `t0` on (its wall time) and names `value`. */
-static void send_done(uint32_t op, uint32_t id, uint64_t value, uint64_t t0) {
+/* The report of a request that took the init `t0` on (its wall time) and names `value`
+ * (and `flags`). */
+static void send_done(uint32_t op, uint32_t id, uint64_t value, uint32_t flags, uint64_t t0) {
     struct rsp s = {0};
     s.op = op;
     s.id = id;
     s.pid = value;
+    s.flags = flags;
     s.wall_ns = now_ns() - t0;
     send_rsp(&s);
 }
@@ -1179,8 +1195,9 @@ static void do_reset(uint32_t id) {
         reply(R_FATAL, id, errno, S_RESET);
         _exit(112);
     }
+    generation++; /* the frozen layers went with the old writable tmpfs */
     spawn_zygote();
-    send_done(R_RESET, id, 0, t0);
+    send_done(R_RESET, id, generation, 0, t0);
 }
 
 /* Nothing runs but the init and the zygote: no command in flight, no process left behind
@@ -1201,12 +1218,6 @@ static int quiescent(void) {
     return ok;
 }
 
-/* A fork without a copy: the writable layer becomes a lower layer (/rw/snap-N) of a new
- * overlay with an empty writable layer, so the sandbox's files stay exactly what they
- * were and the frozen layer can be lent to children (OP_EXPORT). Only a quiescent
- * sandbox rotates: a running process keeps its root on the old overlay and would write
- * into the frozen layer. The zygote is replaced (its root is that overlay). EBUSY
- * otherwise, and the host copies the layer instead. */
 static int dir_empty(const char *path) {
     DIR *d = opendir(path);
     if (!d) return 0;
@@ -1217,10 +1228,60 @@ static int dir_empty(const char *path) {
     return empty;
 }
 
+/* Unmount what is mounted below /root, deepest first, except /dev/shm, which is set aside
+ * at /shmkeep (its files are the sandbox's, like the IPC namespace a rotation keeps). */
+static int unmount_extras(void) {
+    static char buf[65536];
+    char *paths[512];
+    int n = 0, fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t len = 0, got;
+    while ((got = read(fd, buf + len, sizeof buf - 1 - len)) > 0) len += got;
+    close(fd);
+    buf[len] = 0;
+    if (mkdir("/shmkeep", 0700) < 0 && errno != EEXIST) return -1;
+    if (mount("/root/dev/shm", "/shmkeep", NULL, MS_MOVE, NULL) < 0) return -1;
+    for (char *line = buf, *next; line && *line && n < 512; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *f = line;
+        for (int i = 0; i < 4 && f; i++) f = strchr(f, ' ') ? strchr(f, ' ') + 1 : NULL;
+        if (!f) continue;
+        char *end = strchr(f, ' ');
+        if (end) *end = 0;
+        if (!strncmp(f, "/root/", 6) && strcmp(f, "/root/dev/shm")) paths[n++] = f;
+    }
+    for (int i = 0; i < n; i++) /* deepest first: a longer path is never a parent of a shorter one */
+        for (int j = i + 1; j < n; j++)
+            if (strlen(paths[j]) > strlen(paths[i])) {
+                char *t = paths[i];
+                paths[i] = paths[j];
+                paths[j] = t;
+            }
+    for (int i = 0; i < n; i++) umount2(paths[i], MNT_DETACH);
+    return 0;
+}
+
+/* A fork without a copy: the writable layer becomes a lower layer (/rw/snap-N) of a new
+ * overlay with an empty writable layer, so the sandbox's files stay what they were and the
+ * frozen layer can be lent to children (OP_EXPORT). Only a quiescent sandbox rotates, and
+ * only once the old overlay is unmounted for good (not lazily): anything still holding it
+ * could write into the frozen layer. The zygote is replaced (its root is that overlay).
+ * EBUSY otherwise, and the host copies the layer instead. A rotation with nothing written
+ * since the last one (an empty writable layer whose root is as that rotation left it)
+ * answers with the last frozen layer. Replies carry the layer's number and `generation`. */
+static struct stat upper_at; /* /rw/upper's root as the last rotation left it */
+
+static int same_root(const struct stat *a, const struct stat *b) {
+    return a->st_mode == b->st_mode && a->st_uid == b->st_uid && a->st_gid == b->st_gid &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
 static void do_rotate(uint32_t id) {
-    char snap[64], work[64];
-    if (nsnap > 0 && dir_empty("/rw/upper")) { /* nothing changed since the last fork: its layer */
-        send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), now_ns());
+    char snap[64];
+    struct stat now;
+    if (nsnap > 0 && dir_empty("/rw/upper") && stat("/rw/upper", &now) == 0 && same_root(&now, &upper_at)) {
+        send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), (uint32_t)generation, now_ns());
         return;
     }
     if (nsnap >= MAXSNAP || cfg.nlower + nsnap >= MAXLAYERS || !quiescent()) {
@@ -1229,28 +1290,45 @@ static void do_rotate(uint32_t id) {
     }
     uint64_t t0 = now_ns();
     kill_everything(X_RESET);
+    if (unmount_extras() < 0) {
+        reply(R_FATAL, id, errno, S_MOUNT);
+        _exit(112);
+    }
+    if (umount2("/root", 0) < 0) { /* still held: put everything back, copy instead */
+        int busy = errno;
+        if (mount_extras(1) < 0) {
+            reply(R_FATAL, id, errno, S_MOUNT);
+            _exit(112);
+        }
+        spawn_zygote();
+        reply(R_ROTATED, id, busy == EBUSY ? EBUSY : busy, S_MOUNT);
+        return;
+    }
+    /* The old overlay is gone, so its work directory can serve the new one. */
+    struct stat old;
     snprintf(snap, sizeof snap, "/rw/snap-%d", nsnap);
-    snprintf(work, sizeof work, "/rw/work-%d", nsnap);
-    if (umount2("/root", MNT_DETACH) < 0 || rename("/rw/upper", snap) < 0 || rename("/rw/work", work) < 0 ||
-        mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0) {
+    if (stat("/rw/upper", &old) < 0 || rename("/rw/upper", snap) < 0 || mkdir("/rw/upper", 0755) < 0 ||
+        chown("/rw/upper", old.st_uid, old.st_gid) < 0 || chmod("/rw/upper", old.st_mode & 07777) < 0 ||
+        utimensat(AT_FDCWD, "/rw/upper", (struct timespec[2]){old.st_atim, old.st_mtim}, 0) < 0) {
         reply(R_FATAL, id, errno, S_MOUNT);
         _exit(112);
     }
     nsnap++;
-    if (mount_rootfs(0) < 0) {
+    if (mount_overlay(0) < 0 || mount_extras(1) < 0 || stat("/rw/upper", &upper_at) < 0) {
         reply(R_FATAL, id, errno, S_MOUNT);
         _exit(112);
     }
     spawn_zygote();
-    send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), t0);
+    send_done(R_ROTATED, id, (uint64_t)(nsnap - 1), (uint32_t)generation, t0);
 }
 
-/* A read-only detached mount of frozen layer `k` for a child sandbox's launcher, which
- * idmaps it for the child (only the host's user namespace may). */
-static void do_export(uint32_t id, uint64_t k) {
+/* A read-only detached mount of frozen layer `k` of generation `gen` for a child sandbox's
+ * launcher, which idmaps it for the child (only the host's user namespace may). ESTALE if
+ * a reset came between: that number may name another layer now. */
+static void do_export(uint32_t id, uint32_t gen, uint64_t k) {
     char snap[64];
-    if (k >= (uint64_t)nsnap) {
-        reply(R_EXPORT, id, ENOENT, S_NONE);
+    if (gen != (uint32_t)generation || k >= (uint64_t)nsnap) {
+        reply(R_EXPORT, id, ESTALE, S_NONE);
         return;
     }
     snprintf(snap, sizeof snap, "/rw/snap-%d", (int)k);
@@ -1349,7 +1427,7 @@ static void serve(void) {
                 break;
             case OP_EXPORT:
                 for (int i = 0; i < nfds; i++) close(fds[i]);
-                do_export(h.id, h.sig);
+                do_export(h.id, h.flags, h.sig);
                 break;
             default:
                 for (int i = 0; i < nfds; i++) close(fds[i]);
