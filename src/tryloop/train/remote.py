@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,14 +55,10 @@ class _Fatal(TryloopError):
 @functools.cache
 def code_hash() -> str:
     """sha256 (16 hex) of tryloop's own Python source: two processes with the same hash run the same code."""
+    from tryloop.rewards.version import source_hash
+
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if rel.parts[0] == "assets":
-            continue
-        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return source_hash((p for p in sorted(root.rglob("*.py")) if p.relative_to(root).parts[0] != "assets"), root=root)
 
 
 def code_identity() -> dict[str, str]:
