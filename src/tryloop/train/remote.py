@@ -35,15 +35,13 @@ from tryloop.config import TryloopConfig
 from tryloop.errors import TryloopError
 from tryloop.eval.remote import WorkerEpisodes
 
-#: The reason prefixes of episode failures that stop a training run (never trained around).
-FATAL = ("SamplerError", "WorkerVersionMismatch")
-
 
 class WorkerVersionMismatch(TryloopError):
     """A rollout worker runs another tryloop than the trainer."""
 
     failure_kind = "policy"
     retryable = False
+    fatal = True    # its episode's failure carries the flag back through Ray, and the trainer stops
 
 
 class _Fatal(TryloopError):
@@ -51,6 +49,7 @@ class _Fatal(TryloopError):
 
     failure_kind = "policy"
     retryable = False
+    fatal = True
 
 
 @functools.cache
