@@ -224,6 +224,21 @@ def test_failure_info_round_trips_and_rebuilds_the_class():
     assert VerifierFailure("x").info().no_verdict
 
 
+def test_a_fatal_flag_survives_a_ray_task_error_and_the_trip_as_data():
+    from ray.exceptions import RayTaskError
+
+    class Refused(Exception):
+        failure_kind = "policy"
+        fatal = True
+
+    wrapped = RayTaskError("f", "tb", Refused("other weights"))
+    info = classify(wrapped, host="n1").info()
+    assert info.fatal and "fatal" not in SandboxFailure("crashed").info().to_dict()   # old records unchanged
+    again = EpisodeFailure.from_info(FailureInfo.from_dict(info.to_dict()))
+    assert again.fatal and again.info() == info
+    assert not classify(RuntimeError("Refused: SamplerError in the text")).info().fatal
+
+
 # ---- config ---------------------------------------------------------------------------------
 
 

@@ -58,6 +58,8 @@ Kind = Literal["tryloop", "vllm", "sglang"]
 class SamplerError(TryloopError):
     """A sampler endpoint is down, refused a request, or served other weights than announced."""
 
+    fatal = True    # an episode it ends fails fatal (scheduler.failures): a trainer stops, never trains around it
+
 
 @dataclass
 class RemoteSample:

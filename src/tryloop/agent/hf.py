@@ -152,17 +152,23 @@ def load_model(
     t0 = time.perf_counter()
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    converted = False
-    if name_or_path in BUNDLED:
-        path, converted = ensure_converted(name_or_path, cache_dir=cache_dir)
-    elif Path(name_or_path).expanduser().is_dir():
-        path = Path(name_or_path).expanduser().resolve()
-    else:
+    path, converted = resolve_model(name_or_path, cache_dir=cache_dir)
+    if path is None:
         return _load_from_hub(name_or_path, target, torch_dtype, t0)
     model, tokenizer = _load_local(path, target, torch_dtype)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, path=path,
                        weights_version=weights_version(path), device=target,
                        load_s=time.perf_counter() - t0, converted=converted)
+
+
+def resolve_model(name_or_path: str, *, cache_dir: str | Path | None = None) -> tuple[Path | None, bool]:
+    """Where `name_or_path` is on this machine: (checkpoint directory, whether this call converted
+    it) for a bundled name or a local directory, (None, False) for a hub id (transformers fetches
+    it). A process that needs only the tokenizer (a rollout worker) finds it where `load_model` does."""
+    if name_or_path in BUNDLED:
+        return ensure_converted(name_or_path, cache_dir=cache_dir)
+    local = Path(name_or_path).expanduser()
+    return (local.resolve(), False) if local.is_dir() else (None, False)
 
 
 def _load_local(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:

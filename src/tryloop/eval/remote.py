@@ -23,16 +23,41 @@ def payload(req: Any) -> dict[str, Any]:
             "seed": req.seed, "group": req.group_id}
 
 
-class RemoteEpisodes:
-    def __init__(self, cfg: TryloopConfig, policy: PolicyConfig, limits: EpisodeLimits):
-        self.cfg, self.policy, self.limits = cfg, policy, limits
-        self._live: dict[str, Any] | None = None
+class WorkerEpisodes:
+    """Base of the runners a Ray worker calls: pickles as configuration only, builds what
+    `_build` returns (sandbox environments, a policy, a task store, a task cache) on its first
+    call, and turns a scheduler request back into an `EpisodeRequest`."""
+
+    _live: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Only configuration travels; sandboxes, engines and clients are per worker.
-        return {"cfg": self.cfg, "policy": self.policy, "limits": self.limits, "_live": None}
+        return {**self.__dict__, "_live": None}
 
-    def _build(self) -> dict[str, Any]:
+    async def _build(self) -> dict[str, Any]:
+        """{"envs", "policy", "store", "tasks": {}} and whatever else the runner needs, on the worker."""
+        raise NotImplementedError
+
+    async def _episode(self, sreq: Any) -> tuple[dict[str, Any], Any]:
+        """(the worker's live objects, the request's `EpisodeRequest`) with its task loaded once per worker."""
+        from tryloop.agent.episode import EpisodeRequest
+
+        if self._live is None:
+            self._live = await self._build()
+        live, p = self._live, sreq.payload
+        task = live["tasks"].get(p["task"])
+        if task is None:
+            task = live["tasks"][p["task"]] = live["store"].get(p["task"])
+        return live, EpisodeRequest(sreq.id, task, sample_index=p["sample"], run_id=p["run"], step=p["step"],
+                                    seed=p["seed"], group_id=p["group"])
+
+
+class RemoteEpisodes(WorkerEpisodes):
+    def __init__(self, cfg: TryloopConfig, policy: PolicyConfig, limits: EpisodeLimits):
+        self.cfg, self.policy, self.limits = cfg, policy, limits
+        self._live = None
+
+    async def _build(self) -> dict[str, Any]:
         from tryloop.agent.environments import Environments
         from tryloop.agent.policies import make_policy
         from tryloop.sandbox import SandboxRuntime
@@ -43,16 +68,9 @@ class RemoteEpisodes:
                 "store": TaskStore(self.cfg.tasks.store_url), "tasks": {}}
 
     async def __call__(self, sreq: Any, ctx: Any) -> Any:
-        from tryloop.agent.episode import EpisodeRequest, run_episode
+        from tryloop.agent.episode import run_episode
         from tryloop.eval.scheduled import hooks
 
-        if self._live is None:
-            self._live = self._build()
-        live, p = self._live, sreq.payload
-        task = live["tasks"].get(p["task"])
-        if task is None:
-            task = live["tasks"][p["task"]] = live["store"].get(p["task"])
-        req = EpisodeRequest(sreq.id, task, sample_index=p["sample"], run_id=p["run"], step=p["step"],
-                             seed=p["seed"], group_id=p["group"])
+        live, req = await self._episode(sreq)
         return await run_episode(req, live["policy"], live["envs"], limits=self.limits, spec=self.cfg.rewards.spec,
                                  hooks=hooks(ctx))

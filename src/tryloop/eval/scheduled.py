@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from tryloop.agent.episode import EpisodeHooks
 from tryloop.errors import ConfigError
-from tryloop.eval.remote import RemoteEpisodes, payload
+from tryloop.eval.remote import WorkerEpisodes, payload
 from tryloop.eval.runner import EpisodeFn
 from tryloop.scheduler.config import SchedulerConfig
 from tryloop.scheduler.core import Scheduler
@@ -45,7 +45,7 @@ class ScheduledRunner:
     submits a batch and yields its results. `aclose()` when done."""
 
     def __init__(self, config: SchedulerConfig | None = None, *, registry: CollectorRegistry | None = None,
-                 remote: RemoteEpisodes | None = None):
+                 remote: WorkerEpisodes | None = None):
         """`remote`: run episodes with this picklable runner (on Ray workers) instead of the
         `fn` given to `run` (a closure over this process's sandboxes and model)."""
         self.config = config or SchedulerConfig()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
@@ -23,16 +24,23 @@ _CODE_ROOTS = (Path(__file__).parent, Path(__file__).parent.parent / "tasks" / "
                Path(__file__).parent.parent / "tasks" / "harness.py")
 
 
+def source_hash(files: Iterable[Path], *, root: Path | None = None) -> str:
+    """sha256 (16 hex) of source files, in the order given: each one's name (its path under `root`,
+    when given) and the hash of its bytes. `code_version`, and so every reward version, is made of it:
+    a change to the scheme changes them all."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root) if root is not None else f.name).encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
 @cache
 def code_version() -> str:
-    h = hashlib.sha256()
     files: list[Path] = []
     for root in _CODE_ROOTS:
         files += sorted(root.rglob("*.py")) if root.is_dir() else [root]
-    for f in files:
-        h.update(f.name.encode())
-        h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()[:16]
+    return source_hash(files)
 
 
 def spec_version(spec: RewardSpec, image_id: str, *, code: str | None = None) -> str:

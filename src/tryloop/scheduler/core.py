@@ -587,7 +587,8 @@ class Scheduler(Generic[R]):
             return
         if task_id in self._quarantined:
             await self._end(rec, EpisodeState.FAILED, failure=TaskQuarantined(
-                f"task {task_id} quarantined: {self._quarantined[task_id]}", host=failure.host).info())
+                f"task {task_id} quarantined: {self._quarantined[task_id]}", host=failure.host,
+                fatal=failure.fatal).info())
             return
         budget = (self.config.retry.verifier_retries if failure.kind is FailureKind.VERIFIER
                   else self.config.retry.max_retries)

@@ -13,6 +13,11 @@ Four kinds, each class retryable or terminal:
 Runner code raises these directly, or anything else: `classify` maps foreign
 exceptions (sandbox errors, HTTP errors, Ray's actor/node deaths, objects that
 carry a `failure_kind` attribute) onto the taxonomy.
+
+A failure of any kind may be `fatal`: whoever submitted the episode must stop
+rather than work around it (a rollout worker's sampler served other weights, a
+worker runs another tryloop). The scheduler only carries the flag, as data, so
+it survives a Ray worker and the journal where a reason's text would be guessed at.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class FailureInfo:
     retryable: bool
     host: str | None = None
     endpoint: str | None = None
+    fatal: bool = False
 
     @property
     def no_verdict(self) -> bool:
@@ -50,7 +56,10 @@ class FailureInfo:
         return self.kind is FailureKind.VERIFIER
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
+        d = {**asdict(self), "kind": self.kind.value}
+        if not self.fatal:      # the journal and Ray events of ordinary failures stay as they were
+            del d["fatal"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FailureInfo:
@@ -63,20 +72,22 @@ class EpisodeFailure(TryloopError):
     kind: ClassVar[FailureKind]
     retryable: ClassVar[bool]
 
-    def __init__(self, reason: str, *, host: str | None = None, endpoint: str | None = None):
+    def __init__(self, reason: str, *, host: str | None = None, endpoint: str | None = None, fatal: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.host = host
         self.endpoint = endpoint
+        self.fatal = fatal
 
     def info(self) -> FailureInfo:
-        return FailureInfo(self.kind, type(self).__name__, self.reason, self.retryable, self.host, self.endpoint)
+        return FailureInfo(self.kind, type(self).__name__, self.reason, self.retryable, self.host, self.endpoint,
+                           self.fatal)
 
     @staticmethod
     def from_info(info: FailureInfo) -> EpisodeFailure:
         """Rebuild the exception a remote worker reported (unknown class names map to their kind's base)."""
         cls = _BY_NAME.get(info.type) or _BASE_OF[info.kind]
-        return cls(info.reason, host=info.host, endpoint=info.endpoint)
+        return cls(info.reason, host=info.host, endpoint=info.endpoint, fatal=info.fatal)
 
 
 # ---- infrastructure ------------------------------------------------------------------------
@@ -184,6 +195,7 @@ def classify(exc: BaseException, *, host: str | None = None, endpoint: str | Non
       - `EpisodeFailure`: itself.
       - an object with `failure_kind` ("infrastructure" | "policy" | "verifier" | "task") and
         optionally `retryable`: lets code that cannot import this module take part.
+      - any exception with `fatal = True` gives a fatal failure, whatever its kind.
       - `tryloop.errors.SandboxError`: sandbox failure.
       - `tryloop.llm.errors.LLMError` (the model client): retryable ones (timeout, broken
         connection, 5xx, 408, 429) inference unavailable, the rest a terminal policy failure.
@@ -196,6 +208,13 @@ def classify(exc: BaseException, *, host: str | None = None, endpoint: str | Non
       - `MemoryError`, `OSError`: infrastructure.
       - anything else: `UnclassifiedFailure`.
     """
+    failure = _classify(exc, host=host, endpoint=endpoint)
+    if getattr(exc, "fatal", False) is True:
+        failure.fatal = True
+    return failure
+
+
+def _classify(exc: BaseException, *, host: str | None, endpoint: str | None) -> EpisodeFailure:
     if isinstance(exc, EpisodeFailure):
         if exc.host is None and exc.kind is FailureKind.INFRASTRUCTURE and not isinstance(exc, UnclassifiedFailure):
             exc.host = host

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from tryloop.config import TryloopConfig
 from tryloop.errors import TryloopError
-
-#: The reason prefixes of episode failures that stop a training run (never trained around).
-FATAL = ("SamplerError", "WorkerVersionMismatch")
+from tryloop.eval.remote import WorkerEpisodes
 
 
 class WorkerVersionMismatch(TryloopError):
@@ -44,6 +41,7 @@ class WorkerVersionMismatch(TryloopError):
 
     failure_kind = "policy"
     retryable = False
+    fatal = True    # its episode's failure carries the flag back through Ray, and the trainer stops
 
 
 class _Fatal(TryloopError):
@@ -51,19 +49,16 @@ class _Fatal(TryloopError):
 
     failure_kind = "policy"
     retryable = False
+    fatal = True
 
 
 @functools.cache
 def code_hash() -> str:
     """sha256 (16 hex) of tryloop's own Python source: two processes with the same hash run the same code."""
+    from tryloop.rewards.version import source_hash
+
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if rel.parts[0] == "assets":
-            continue
-        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return source_hash((p for p in sorted(root.rglob("*.py")) if p.relative_to(root).parts[0] != "assets"), root=root)
 
 
 def code_identity() -> dict[str, str]:
@@ -97,23 +92,18 @@ class _Pinned:
             raise
 
 
-class RemoteTrainEpisodes:
+class RemoteTrainEpisodes(WorkerEpisodes):
     def __init__(self, cfg: TryloopConfig, tcfg: Any, endpoints: list[str], *, kind: str = "tryloop",
                  api_key: str | None = None):
         self.cfg, self.tcfg, self.endpoints, self.kind, self.api_key = cfg, tcfg, endpoints, kind, api_key
         self.identity = code_identity()      # the trainer's; each worker compares its own
-        self._live: dict[str, Any] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_live"] = None
-        return state
+        self._live = None
 
     async def _build(self) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
         from tryloop.agent.environments import Environments
-        from tryloop.agent.hf import BUNDLED, ensure_converted
+        from tryloop.agent.hf import resolve_model
         from tryloop.sandbox import SandboxRuntime
         from tryloop.tasks.store import TaskStore
         from tryloop.train.zone import endpoint_sampler, sampler_policy
@@ -126,8 +116,8 @@ class RemoteTrainEpisodes:
         tc = self.tcfg
         name = tc.policy.name
         # Sampling happens on the endpoints: the worker needs only the tokenizer (the chat template).
-        path = ensure_converted(name)[0] if name in BUNDLED else name
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(str(path)).is_dir())
+        path = resolve_model(name)[0]
+        tokenizer = AutoTokenizer.from_pretrained(str(path or name), local_files_only=path is not None)
         sampler = endpoint_sampler(tc, endpoints=self.endpoints, kind=self.kind, api_key=self.api_key,
                                    check_versions=False)
         # Mid-run a worker may start while an endpoint is lost: that one is set aside, not fatal.
@@ -138,24 +128,17 @@ class RemoteTrainEpisodes:
                 "tasks": {}}
 
     async def __call__(self, sreq: Any, ctx: Any) -> Any:
-        from tryloop.agent.episode import EpisodeRequest, run_episode
+        from tryloop.agent.episode import run_episode
         from tryloop.eval.scheduled import hooks
 
-        if self._live is None:
-            self._live = await self._build()
-        live, p = self._live, sreq.payload
-        task = live["tasks"].get(p["task"])
-        if task is None:
-            task = live["tasks"][p["task"]] = live["store"].get(p["task"])
-        meta = p.get("meta") or {}
+        live, req = await self._episode(sreq)
+        meta = sreq.payload.get("meta") or {}
         pinned = _Pinned(live["sampler"], meta.get("weights"), meta.get("version"), meta.get("endpoints"))
         policy = copy.copy(live["policy"])
         policy.engine = pinned
         temperature = meta.get("temperature")
         if temperature is not None:       # an evaluation's own temperature
             policy.temperature = temperature
-        req = EpisodeRequest(sreq.id, task, sample_index=p["sample"], run_id=p["run"], step=p["step"],
-                             seed=p["seed"], group_id=p["group"])
         traj = await run_episode(req, policy, live["envs"], limits=self.tcfg.limits, spec=self.cfg.rewards.spec,
                                  hooks=hooks(ctx))
         if pinned.failure is not None:    # the episode's tokens are not the announced policy's: never trained on

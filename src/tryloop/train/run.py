@@ -121,12 +121,10 @@ def _raise_fatal(runner: Any) -> None:
     """Episodes a rollout worker refused because its sampler served other weights than announced, or
     because it runs another tryloop: the run stops, never trains around them."""
     from tryloop.agent.endpoints import SamplerError
-    from tryloop.train.remote import FATAL
 
     for o in getattr(runner, "failed", []):
-        reason = getattr(o.failure, "reason", "") or ""
-        if any(k in reason for k in FATAL):
-            raise SamplerError(f"episode {o.id} on a rollout worker: {reason}")
+        if getattr(o.failure, "fatal", False):     # set by the worker's exception, not read from its text
+            raise SamplerError(f"episode {o.id} on a rollout worker: {o.failure.reason}")
 
 
 def _set_meta(runner: Any, remote: Any = None, **meta: Any) -> None:
