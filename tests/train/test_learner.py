@@ -318,3 +318,38 @@ def test_truncated_importance_sampling_weighs_tokens_by_the_learners_over_the_sa
     assert m["tis_weight_mean"] == pytest.approx(2.0, abs=1e-4) and m["tis_truncated_frac"] == 1.0
     assert "tis_weight_mean" not in Learner(copy.deepcopy(model), TrainConfig(old_logprobs="recompute")).step(
         same, [1.0, -1.0, 0.5])
+
+
+@pytest.mark.parametrize("grad_accum", [None, 1])
+def test_tis_at_another_temperature_takes_both_scales_from_one_decoder_pass(model, grad_accum):
+    """tis_cap, recompute and temperature 0.7 want pi_old at 0.7 (the ratio) and at 1 (the sampler's
+    scale): both come from the same decoder pass, bit for bit what two passes give."""
+
+    class TwoPasses(Learner):   # the temperature-1 log-probabilities from a pass of their own
+        def _forward_and_raw(self, model, batch):
+            with torch.no_grad():
+                raw = self._forward(model, batch, temperature=1.0)
+            return self._forward(model, batch), raw
+
+    trajs = episodes(model, 6)
+    for i, t in enumerate(trajs):   # recorded by other weights: TIS weights away from 1, some capped
+        t.logprobs = [v + 0.5 * ((i + j) % 3 - 1) * m for j, (v, m) in enumerate(zip(t.logprobs, t.loss_mask, strict=True))]
+    adv = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
+    cfg = TrainConfig(old_logprobs="recompute", tis_cap=1.5, temperature=0.7, lr=1e-2, micro_batch=2,
+                      grad_accum=grad_accum, log_entropy=False, amp="off")
+    runs = []
+    for cls in (Learner, TwoPasses):
+        learner = cls(copy.deepcopy(model), cfg)
+        passes: list[int] = []
+        learner.model.get_decoder().register_forward_hook(lambda *_, n=passes: n.append(1))
+        m = learner.step(trajs, adv)
+        runs.append((m, weights(learner.model), len(passes)))
+    (one, w_one, n_one), (two, w_two, n_two) = runs
+    assert 0 < one["tis_truncated_frac"] < 1
+    for k in ("loss", "grad_norm", "tis_weight_mean", "tis_truncated_frac", "ratio_mean", "clip_frac"):
+        assert one[k] == two[k], k
+    assert all(torch.equal(w_one[k], w_two[k]) for k in w_one)
+    micro_batches = 3
+    # One pass per micro-batch (the loss's), or two with several optimizer steps (pi_old first).
+    assert n_one == micro_batches * (1 if grad_accum is None else 2)
+    assert n_two == n_one + micro_batches

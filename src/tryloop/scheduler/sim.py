@@ -55,6 +55,7 @@ from tryloop.scheduler.core import Scheduler
 from tryloop.scheduler.request import EpisodeRequest, EpisodeState
 from tryloop.scheduler.vclock import run_virtual
 from tryloop.telemetry.stats import nearest_rank
+from tryloop.train.staleness import VersionGate
 
 
 class SimConfig(_Model):
@@ -541,18 +542,11 @@ async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionCon
     sched = Scheduler(ModelledEpisode(cfg, service), sched_cfg, probes={"default": SimProbe(service)})
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    pushed = 0                                  # versions the learner has pushed
-    ready: dict[int, asyncio.Event] = {}
+    gate = VersionGate(learner.max_staleness)   # tryloop train's rule, pushes as the learner makes them
     consumed: set[tuple[int, int]] = set()     # (step, episode of the step) trained on
     staleness: dict[int, int] = {}
     dropped = 0
     runs = 0
-
-    def version_ready(index: int) -> asyncio.Event:
-        ev = ready.setdefault(index, asyncio.Event())
-        if index <= pushed:
-            ev.set()
-        return ev
 
     async def collect(step: int) -> tuple[list[dict[str, Any]], float]:
         """The step's episodes, in rounds as tryloop train runs them: the whole round comes back,
@@ -575,7 +569,7 @@ async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionCon
                 if not o.ok:
                     raise RuntimeError(f"simulated episode {ids[i]} ended {o.state}: {o.failure}")
                 st = step - o.result["weights_version"]
-                if learner.overlap and st > learner.max_staleness:
+                if learner.overlap and not gate.accepts(st):
                     dropped += 1          # never trained on; sampled again below
                     again.append(i)
                     continue
@@ -587,7 +581,7 @@ async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionCon
                 staleness[st] = staleness.get(st, 0) + 1
                 out.append(o.result)
             if again:     # once this step's weights are out, nothing sampled after is stale
-                await version_ready(step - learner.max_staleness).wait()
+                await gate.settled(step)
             todo, attempt = again, attempt + 1
         return out, loop.time() - started
 
@@ -624,8 +618,7 @@ async def _train(cfg: SimConfig, learner: LearnerConfig, admission: AdmissionCon
             # after it, and whatever they decode from then on is of the new weights.
             service.push(learner.push_s, step + 1)
             await asyncio.sleep(learner.push_s)
-            pushed = step + 1
-            version_ready(pushed).set()
+            gate.push(step + 1)
             await asyncio.sleep(learner.checkpoint_s)
             ends.append(loop.time())
         watcher.cancel()

@@ -53,6 +53,7 @@ from tryloop.telemetry.stats import pass_counts
 from tryloop.train import checkpoint, memory
 from tryloop.train.curriculum import Curriculum
 from tryloop.train.run_config import TrainRunConfig
+from tryloop.train.staleness import VersionGate
 
 Hook = Callable[[str, dict[str, Any]], None]   # (event, data): "rollout", "step", "eval", "log"
 
@@ -407,13 +408,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
 
         # Every weights version this run pushed -> its index (step s trains from index s).
         versions = {loaded.weights_version: 0, **{f"step-{j}": j + 1 for j in range(start)}}
-        ready: dict[int, asyncio.Event] = {}
-
-        def version_ready(index: int) -> asyncio.Event:
-            ev = ready.setdefault(index, asyncio.Event())
-            if index <= max(versions.values()):
-                ev.set()
-            return ev
+        gate = VersionGate(tcfg.max_staleness, pushed=max(versions.values()))
 
         async def collect(step: int) -> tuple[list[Trajectory], int, dict[str, Any]]:
             """The step's episodes: its groups (stored ones read back), refills, staleness checked."""
@@ -429,7 +424,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     info["staleness"].append(0)
                     return True
                 st = staleness(t, step, versions)
-                if st > tcfg.max_staleness:
+                if not gate.accepts(st):
                     info["stale_dropped"] += 1
                     return False
                 info["staleness"].append(st)
@@ -465,7 +460,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                             if settled:   # sampled after those weights were out: a sampler serves older ones
                                 raise TryloopError(
                                     f"episode {t.episode_id} was sampled again after weights "
-                                    f"{_version_name(step - tcfg.max_staleness, versions)!r} were pushed, but holds "
+                                    f"{_version_name(gate.oldest(step), versions)!r} were pushed, but holds "
                                     f"tokens of {t.weights_versions}, more than train.max_staleness "
                                     f"({tcfg.max_staleness}) behind: a sampler endpoint serves older weights than "
                                     "it acknowledged (restarted?); refusing to sample it again and again")
@@ -482,7 +477,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                         emit("log", {"message": f"step {step}: {len(failed)} episode(s) failed: "
                                                 f"{'; '.join(str(getattr(f, 'failure', f))[:120] for f in failed[:3])}"})
                     if again:    # once this step's weights are out, nothing sampled after is stale
-                        await version_ready(step - tcfg.max_staleness).wait()
+                        await gate.settled(step)
                         settled = True
                     todo = again
                 for t in sorted(out, key=lambda t: t.episode_id):
@@ -548,7 +543,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                                                 f"{'; '.join(remote.missed)}; sampling goes on without them until "
                                                 "a push reaches them"})
                     versions[f"step-{step}"] = step + 1
-                    version_ready(step + 1).set()
+                    gate.push(step + 1)
                     del weights
             finally:
                 torch.set_num_threads(rollout_threads)

@@ -50,6 +50,17 @@ def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return token_logprobs(logits, targets, temperature)
 
 
+def _chunk_logprobs_and_raw(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                            targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    tempered = token_logprobs(logits, targets, temperature)
+    # After the tempered ones: the backward pass's recomputation stops once it has what the
+    # gradient needs, so it never redoes this.
+    with torch.no_grad():
+        raw = token_logprobs(logits, targets)
+    return tempered, raw
+
+
 def selected_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, select: torch.Tensor,
                       temperature: float = 1.0) -> torch.Tensor:
     """Log-probabilities of `targets` (B, T) at the positions where `select` (B, T) is true, from the
@@ -59,22 +70,38 @@ def selected_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tens
     each recomputed in the backward pass (activation checkpointing): the full (B, T, vocab) logits of
     a batch are never materialised, so memory follows the chunk, not the batch. The projection and
     the log-softmax run in float32 even under bf16 autocast (log-probabilities feed ratios)."""
+    (out,) = _selected(hidden, head, targets, select, temperature, raw=False)
+    return out
+
+
+def selected_logprobs_and_raw(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor,
+                              select: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`selected_logprobs` at `temperature`, and at temperature 1 (detached) from the same logits:
+    one output projection per chunk for both scales."""
+    out, raw = _selected(hidden, head, targets, select, temperature, raw=True)
+    return out, raw
+
+
+def _selected(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, select: torch.Tensor,
+              temperature: float, raw: bool) -> list[torch.Tensor]:
     from torch.utils.checkpoint import checkpoint
 
-    out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    outs = [torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device) for _ in range(1 + raw)]
     idx = select.nonzero(as_tuple=True)
     if idx[0].numel() == 0:
-        return out
+        return outs
     h = hidden[idx]
     tg = targets[idx]
     weight, bias = head.weight, getattr(head, "bias", None)
-    parts = []
+    fn = _chunk_logprobs_and_raw if raw else _chunk_logprobs
+    parts: list[list[torch.Tensor]] = [[] for _ in outs]
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         for i in range(0, h.shape[0], LOGIT_CHUNK):
             args = (h[i:i + LOGIT_CHUNK], weight, bias, tg[i:i + LOGIT_CHUNK], temperature)
-            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                         else _chunk_logprobs(*args))
-    return out.index_put(idx, torch.cat(parts))
+            got = checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args)
+            for col, part in zip(parts, got if raw else (got,), strict=True):
+                col.append(part)
+    return [out.index_put(idx, torch.cat(col)) for out, col in zip(outs, parts, strict=True)]
 
 
 def _with_lora(model: nn.Module, cfg: TrainConfig) -> nn.Module:
@@ -137,6 +164,13 @@ class Learner:
         hidden, head = self._hidden(model, batch)
         return selected_logprobs(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
                                  self.config.temperature if temperature is None else temperature)
+
+    def _forward_and_raw(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_forward` at the configured temperature, and the same tokens' log-probabilities at
+        temperature 1 (detached), from one decoder pass."""
+        hidden, head = self._hidden(model, batch)
+        return selected_logprobs_and_raw(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
+                                         self.config.temperature)
 
     @torch.no_grad()
     def _entropy(self, model: nn.Module, batch: Batch) -> float:
@@ -208,20 +242,24 @@ class Learner:
         # temperature 1) against the learner's pi_old on the same scale.
         tis = cfg.tis_cap is not None and cfg.old_logprobs == "recompute"
         behavior: dict[int, torch.Tensor] = {}
-        learner_raw: dict[int, torch.Tensor] = {}
         if tis:
             for b in (b for mini in plan for b in mini):
                 behavior[id(b)] = b.old_logprobs.clone()
-            if cfg.temperature != 1.0:     # pi_old at the sampler's log-probability scale: one more pass
-                self.model.eval()
-                with torch.no_grad():
-                    for b in (b for mini in plan for b in mini):
-                        learner_raw[id(b)] = self._forward(self.model, b, temperature=1.0).float() * b.loss_mask
+        # At another temperature pi_old is wanted at both scales: the pass that gives pi_old (the
+        # loss's own, or the no-grad one) takes both from the same hidden states, no extra pass
+        # (with dropout on, both scales then see the same mask).
+        raw = tis and cfg.temperature != 1.0
+        learner_raw: dict[int, torch.Tensor] = {}
         if cfg.old_logprobs == "recompute" and not same_pass:
             self.model.eval()
             with torch.no_grad():
                 for b in (b for mini in plan for b in mini):
-                    b.old_logprobs = self._forward(self.model, b).float() * b.loss_mask
+                    if raw:
+                        lp, lp_raw = self._forward_and_raw(self.model, b)
+                        learner_raw[id(b)] = lp_raw * b.loss_mask
+                    else:
+                        lp = self._forward(self.model, b)
+                    b.old_logprobs = lp.float() * b.loss_mask
 
         const = cfg.loss_const or cfg.max_length
         sums: dict[str, float] = {}
@@ -232,7 +270,11 @@ class Learner:
             step_loss = 0.0
             for b in mini:
                 ref = self._ref_logprobs(b) if cfg.kl_coef > 0 else None
-                logp = self._forward(self.model, b)
+                if raw and same_pass:
+                    logp, lp_raw = self._forward_and_raw(self.model, b)
+                    learner_raw[id(b)] = lp_raw * b.loss_mask
+                else:
+                    logp = self._forward(self.model, b)
                 if same_pass:
                     b.old_logprobs = logp.detach() * b.loss_mask
                 w = None
