@@ -1353,6 +1353,7 @@ static void serve(void) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) fatal(S_FORK);
+    reap(0); /* whatever exited before the signalfd existed */
     uint64_t expires = cfg.lifetime_ms ? now_ns() + cfg.lifetime_ms * 1000000ull : 0;
     struct pollfd pf[3] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}, {-1, POLLIN, 0}};
     for (;;) {
@@ -1594,6 +1595,14 @@ int main(int argc, char **argv) {
     void *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) fatal(S_FORK);
     zcur = shared;
+    /* SIGCHLD is blocked before the zygote exists: the host may send it a command as soon as
+     * it has its socket, before this init reaches serve(), and a pid 1 with SIGCHLD at its
+     * default drops the signal of a command that exits meanwhile; blocked, it stays pending
+     * for serve()'s signalfd. (Unblocked, that command stayed a zombie and its exec hung.) */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
     spawn_zygote();
     reply(R_READY, 0, 0, PROTO_VERSION);
     serve();
