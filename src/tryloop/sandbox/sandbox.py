@@ -610,8 +610,9 @@ class Sandbox:
         child as a mount (`LiveLayer`). Its files, inodes aside, are unchanged; a new zygote
         starts its next commands. The frozen layers stay on its writable tmpfs, within its
         disk quota, until its reset, and live on with the children that use them. A busy
-        sandbox, or one with MAX_LIVE_LAYERS frozen layers, forks through `snapshot_state`:
-        its processes are paused while its writable layer is copied.
+        sandbox, one with MAX_LIVE_LAYERS frozen layers, one whose root something on the host
+        still holds open, or any on a kernel that cannot idmap a tmpfs (before 6.3), forks
+        through `snapshot_state`: its processes are paused while its writable layer is copied.
         """
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
@@ -677,9 +678,9 @@ class Sandbox:
         fut = self._expect(P.R_EXPORT, rid)
         try:
             self._send(P.encode_simple(P.OP_EXPORT, rid, layer.index, flags=layer.generation))
-        except SandboxClosed as e:
+            got = await asyncio.wait_for(fut, 10)
+        except SandboxClosed as e:  # closed before or while lending: the fork copies instead
             raise LayerGone(str(e)) from None
-        got = await asyncio.wait_for(fut, 10)
         if isinstance(got, P.Reply):
             error = LayerGone if got.err == errno.ESTALE else SandboxError
             raise error(f"sandbox {self.id}: lending frozen layer {layer.index} failed: {os.strerror(got.err)}")
