@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,10 @@ from tryloop.config import RuntimeConfig, SandboxConfig, SandboxLimits
 @pytest.fixture(scope="session")
 def runtime_config(tmp_path_factory) -> RuntimeConfig:
     base = tmp_path_factory.mktemp("tryloop")
+    # A cgroup parent of this session's own: a runtime's gc removes groups under its parent
+    # that its state directory has no record of, which would be another session's sandboxes.
     return RuntimeConfig(store_dir=base / "store", state_dir=base / "state",
-                         cgroup_name="tryloop-test")
+                         cgroup_name=f"tryloop-test-{os.getpid()}")
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +28,9 @@ def runtime(runtime_config):
     yield rt
     # Nothing may outlive the session: every test closes what it opened.
     leftover = rt.live
+    for root in set(rt.cgroups.controllers.values()):
+        with contextlib.suppress(OSError):
+            os.rmdir(root / runtime_config.cgroup_name)
     assert not leftover, f"sandboxes left open by tests: {leftover}"
 
 
