@@ -531,8 +531,9 @@ static void lock_mounts(void) {
         char c;
         close(go[1]);
         if (read(go[0], &c, 1) != 1) _exit(1);
-        if (write_file("/proc/1/uid_map", "0 0 65536") < 0) _exit(10 + errno);
-        if (write_file("/proc/1/gid_map", "0 0 65536") < 0) _exit(100 + errno);
+        /* Its exit status is the errno of a failed write (the init reports it). */
+        if (write_file("/proc/1/uid_map", "0 0 65536") < 0 || write_file("/proc/1/gid_map", "0 0 65536") < 0)
+            _exit(errno ? errno : EPERM);
         _exit(0);
     }
     close(go[0]);
@@ -550,7 +551,7 @@ static void lock_mounts(void) {
         fatal(S_USERNS);
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-        errno = WIFEXITED(st) ? WEXITSTATUS(st) : 200;
+        errno = WIFEXITED(st) ? WEXITSTATUS(st) : ECHILD;
         fatal(S_USERNS);
     }
 }
@@ -748,8 +749,9 @@ static int parse_exec(char *buf, size_t len, int *fds, int nfds, struct execreq 
     return x->h.nargs == 0 ? -1 : 0;
 }
 
-static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds) {
-    char cbuf[CMSG_SPACE(sizeof(int) * 3)];
+/* One message and up to `maxfds` descriptors sent with it (more are closed). */
+static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds, int maxfds) {
+    char cbuf[CMSG_SPACE(sizeof(int) * MAXLAYERS)];
     struct iovec iov = {buf, size};
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
@@ -766,7 +768,7 @@ static int recv_with_fds(int sock, char *buf, size_t size, int *fds, int *nfds) 
             int cnt = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
             for (int i = 0; i < cnt; i++) {
                 int fd = ((int *)CMSG_DATA(c))[i];
-                if (*nfds < 3) fds[(*nfds)++] = fd;
+                if (*nfds < maxfds) fds[(*nfds)++] = fd;
                 else close(fd);
             }
         }
@@ -855,7 +857,7 @@ static _Noreturn void zygote_main(int s, int h) {
         if (pl <= 0) _exit(0);
         *zcur = (size_t)pl >= sizeof peek ? peek.id : 0;
         int fds[3], nfds;
-        int len = recv_with_fds(h, buf, sizeof buf, fds, &nfds);
+        int len = recv_with_fds(h, buf, sizeof buf, fds, &nfds, 3);
         if (len < 0 && errno == EINTR) continue;
         if (len <= 0) _exit(0);
         if ((size_t)len < sizeof(struct req)) {
@@ -1301,7 +1303,7 @@ static void do_rotate(uint32_t id) {
             _exit(112);
         }
         spawn_zygote();
-        reply(R_ROTATED, id, busy == EBUSY ? EBUSY : busy, S_MOUNT);
+        reply(R_ROTATED, id, busy, S_MOUNT);
         return;
     }
     /* The old overlay is gone, so its work directory can serve the new one. */
@@ -1347,10 +1349,9 @@ static void do_export(uint32_t id, uint32_t gen, uint64_t k) {
 
 static void serve(void) {
     static char buf[MSGMAX];
-    sigset_t mask;
+    sigset_t mask; /* SIGCHLD, blocked since before the zygote existed (main) */
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) fatal(S_FORK);
     reap(0); /* whatever exited before the signalfd existed */
@@ -1389,7 +1390,7 @@ static void serve(void) {
             on_zygote_reply();
         if (pf[0].revents & POLLIN) {
             int fds[3], nfds;
-            int len = recv_with_fds(ctl, buf, sizeof buf, fds, &nfds);
+            int len = recv_with_fds(ctl, buf, sizeof buf, fds, &nfds, 3);
             if (len == 0) break; /* host closed or died */
             if (len < 0) {
                 if (errno == EAGAIN) continue;
@@ -1512,22 +1513,8 @@ int main(int argc, char **argv) {
     ctl = atoi(argv[1]);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
     static char cbuf[MSGMAX];
-    char abuf[CMSG_SPACE(sizeof(int) * MAXLAYERS)];
-    struct iovec iov = {cbuf, sizeof cbuf - 1};
-    struct msghdr mh = {0};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = abuf;
-    mh.msg_controllen = sizeof abuf;
-    ssize_t len = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC);
+    int len = recv_with_fds(ctl, cbuf, sizeof cbuf - 1, sent, &nsent, MAXLAYERS);
     if (len <= 0) return 3;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-                int fd = ((int *)CMSG_DATA(c))[i];
-                if (nsent < MAXLAYERS) sent[nsent++] = fd;
-                else close(fd);
-            }
     cbuf[len] = 0;
     parse_config(cbuf, len);
     for (int i = 0; i < nsent; i++) { /* a descriptor no "lowerfd" names goes */
