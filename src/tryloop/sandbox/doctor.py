@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 
 from tryloop.errors import HostUnsupported
 
+# The first Linux that idmaps a tmpfs mount: a fork lends its frozen layer only from there on.
+IDMAPPED_TMPFS_KERNEL = (6, 3)
+
 if TYPE_CHECKING:
     from tryloop.config import RuntimeConfig
 
@@ -222,7 +225,7 @@ def checks(config: RuntimeConfig | None = None, *, probe_network: bool = False) 
                      "read-only binds that stay read-only in every submount"))
     out.append(Check("pidfd_open", hasattr(os, "pidfd_open"), "process handles immune to pid reuse"))
     out.append(user_namespace_check(config or RuntimeConfig()))
-    out.append(Check("fork without copying", (major, minor) >= (6, 3), f"Linux {platform.release()}",
+    out.append(Check("fork without copying", (major, minor) >= IDMAPPED_TMPFS_KERNEL, f"Linux {platform.release()}",
                      fix="a fork lends its frozen layer as a tmpfs mount idmapped for the child, which needs "
                          "Linux 6.3 or newer; older kernels fork by copying the writable layer", required=False))
     try:

@@ -34,6 +34,7 @@ from tryloop.errors import HostUnsupported, SandboxError
 from tryloop.sandbox import protocol as P
 from tryloop.sandbox import seccomp
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits, kernel_at_least
+from tryloop.sandbox.doctor import IDMAPPED_TMPFS_KERNEL
 from tryloop.sandbox.idranges import RANGE, IdRanges, start_time
 from tryloop.sandbox.images import Image, host_image, load_image, with_host_python
 from tryloop.sandbox.layers import LayerStore, Snapshot
@@ -136,7 +137,7 @@ class SandboxRuntime:
         """Whether `Sandbox.fork` can lend a frozen writable layer instead of copying it: with
         user namespaces the child's launcher idmaps the parent's tmpfs, which Linux allows
         from 6.3 on (`tryloop sandbox doctor` says so); older kernels fork by copying."""
-        return self.id_ranges is None or kernel_at_least(6, 3)
+        return self.id_ranges is None or kernel_at_least(*IDMAPPED_TMPFS_KERNEL)
 
     # ---- images and snapshots -------------------------------------------
 
@@ -266,20 +267,22 @@ class SandboxRuntime:
         snap = snapshot or self.base_snapshot(cfg)
         image = self.image(snap.image)
         cfg = image.sandbox_config(cfg)  # the image's workdir and user, unless the config names them
-        top = (net_layer,) if net_layer else ()
-        lowers = [str(self.store.path(d)) for d in (*top, *snap.layers, *image.layers)]
+        top = [("lower", str(self.store.path(net_layer)))] if net_layer else []
+        below = [("lower", str(self.store.path(d))) for d in (*snap.layers, *image.layers)]
         lent: list[int] = []  # closed below once the launcher has its copies
         try:
             for layer in live:
                 lent.append(await layer.owner.lend_layer(layer))
-            return await self._launch(snap, image, cfg, timeout, root_capabilities, top, lowers, live, lent)
+            # Lower layers top-most first: the network's, the lent ones, the snapshot's, the image's.
+            lowers = [*top, *(("lowerfd", str(i)) for i in range(len(lent))), *below]
+            return await self._launch(snap, image, cfg, timeout, root_capabilities, lowers, lent, live, len(top))
         finally:
             for fd in lent:
                 os.close(fd)
 
     async def _launch(self, snap: Snapshot, image: Image, cfg: SandboxConfig, timeout: float,
-                      root_capabilities: bool, top: tuple[str, ...], lowers: list[str],
-                      live: tuple[LiveLayer, ...], lent: list[int]) -> Sandbox:
+                      root_capabilities: bool, lowers: list[tuple[str, str]], lent: list[int],
+                      live: tuple[LiveLayer, ...], live_at: int) -> Sandbox:
         sid = secrets.token_hex(6)
         lim = cfg.limits
         id_base = self.id_ranges.claim(sid) if self.id_ranges is not None else 0
@@ -304,10 +307,7 @@ class SandboxRuntime:
                 items.append(("idbase", str(id_base)))
                 if root_capabilities:
                     items.append(("rootcaps", str(sum(1 << n for n in BUILD_CAPABILITIES.values()))))
-            # Lower layers top-most first: the network's, the lent ones, the snapshot's, the image's.
-            items += [("lower", p) for p in lowers[:len(top)]]
-            items += [("lowerfd", str(i)) for i in range(len(lent))]
-            items += [("lower", p) for p in lowers[len(top):]]
+            items += lowers
             for src, dst in image.binds:
                 items += [("bsrc", src), ("bdst", dst)]
             items += [("cg", str(p)) for p in cg.procs_files()]
@@ -323,7 +323,7 @@ class SandboxRuntime:
             env = dict(image.env)
             env.update(cfg.env)
             sb = Sandbox(self, sid, snap, cfg, env, cg, parent_sock, id_base=id_base, live=live,
-                         live_at=len(top))
+                         live_at=live_at)
             parent_sock = None
             try:
                 await sb._handshake(timeout)

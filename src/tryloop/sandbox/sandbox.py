@@ -52,10 +52,10 @@ class LiveLayer:
     It is lower layer `index` (/rw/snap-N) of `owner`'s writable tmpfs, lent to each
     child as a read-only mount, which keeps it alive as long as a child uses it. `owner`
     lends it while it is alive and its init has not been reset since (`generation`, the
-    init's count of resets, which the init checks too: a number means another layer after a
-    reset); `digest` is
-    set once it has been copied into the layer store (a snapshot that must outlive the
-    sandboxes, or a child of a sandbox whose owner can no longer lend it).
+    init's count of resets, which the init checks too: after a reset a number names
+    another layer). `digest` is set once it has been copied into the layer store (a
+    snapshot that must outlive the sandboxes, or a child of a sandbox whose owner can no
+    longer lend it).
     """
 
     owner: Sandbox
@@ -619,8 +619,7 @@ class Sandbox:
         self._check()
         live = await self._freeze_in_place()
         if live is None:
-            snap = await self.snapshot_state({"forked_from": self.id})
-            return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
+            return await self._fork_by_copy(n)
         # Below the first layer its owner can no longer lend, the stack is copied into the
         # store (`_store_live`): a child gets those as an ordinary snapshot.
         lent = 0
@@ -637,7 +636,9 @@ class Sandbox:
         await asyncio.gather(*(k.close() for k in kids if isinstance(k, Sandbox)))
         if not isinstance(failed, LayerGone):
             raise failed
-        # An owner reset or closed meanwhile: copy what it can no longer lend.
+        return await self._fork_by_copy(n)  # an owner reset or closed meanwhile
+
+    async def _fork_by_copy(self, n: int) -> list[Sandbox]:
         snap = await self.snapshot_state({"forked_from": self.id})
         return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
 
