@@ -44,15 +44,18 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 LOGIT_CHUNK = 256
 
 
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
 def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-    return token_logprobs(logits, targets, temperature)
+    return token_logprobs(_chunk_logits(hidden, weight, bias), targets, temperature)
 
 
 def _chunk_logprobs_and_raw(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                             targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    logits = _chunk_logits(hidden, weight, bias)
     tempered = token_logprobs(logits, targets, temperature)
     # After the tempered ones: the backward pass's recomputation stops once it has what the
     # gradient needs, so it never redoes this.
