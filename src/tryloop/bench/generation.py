@@ -289,8 +289,9 @@ def run_hf_generate(model: Any, tokenizer: Any, prompts: list[list[int]], length
 
 def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
         concurrency: tuple[int, ...] = CONCURRENCY, threads: int | None = None, run_dir: Path | None = None,
-        out: Path | None = None, console: Console | None = None) -> dict[str, Any]:
-    from tryloop.agent.hf import load_model
+        llama_server: Path | None = None, out: Path | None = None,
+        console: Console | None = None) -> dict[str, Any]:
+    from tryloop.agent.hf import BUNDLED, load_model
 
     console = console or Console()
     t_start = time.perf_counter()
@@ -346,8 +347,13 @@ def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
             res["levels"].append(row)
             console.print(f"  {label}: engine {eng['tokens_per_s']:.1f} tok/s, HF generate "
                           f"{hf['tokens_per_s']:.1f} tok/s")
+        if llama_server is not None:
+            res.setdefault("llama_server", []).append(
+                _llama_row(llama_server, BUNDLED["smollm2-135m"].path(), prompts, lengths, c, res, console))
     res["machine"]["loadavg_after"] = os.getloadavg()
     console.print(_table(res))
+    if res.get("llama_server"):
+        console.print(_llama_table(res))
     if run_dir is not None:
         res["train_step_split"] = train_step_split(run_dir)
         console.print(_split_table(res["train_step_split"], run_dir))
@@ -371,6 +377,40 @@ def _table(res: dict[str, Any]) -> Table:
                   f"{r['floor_peak_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_peak']:.1f}%)",
                   f"{r['floor_decode_gemm_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_decode_gemm']:.0f}%)",
                   f"{e['p50_token_ms']:.0f}/{e['p99_token_ms']:.0f}", f"{h['p50_token_ms']:.0f}/{h['p99_token_ms']:.0f}")
+    return t
+
+
+def _llama_row(binary: Path, gguf: Path, prompts: list[list[int]], lengths: list[int], c: int,
+               res: dict[str, Any], console: Console) -> dict[str, Any]:
+    """llama.cpp's server on this level's requests, next to the level's engine rows and floors."""
+    from tryloop.bench.llamacpp import run_llama_server
+
+    with console.status(f"c={c}: llama.cpp server ..."):
+        r = run_llama_server(binary, gguf, prompts, lengths, c, threads=torch.get_num_threads())
+    rows = [x for x in res["levels"] if x["concurrency"] == c]
+    best = max(rows, key=lambda x: x["engine"]["tokens_per_s"])
+    row = {"concurrency": c, "requests": len(prompts), "weights": gguf.name, "server": r,
+           "best_engine_dtype": best["dtype"], "best_engine_tokens_per_s": best["engine"]["tokens_per_s"],
+           "server_over_engine": round(r["tokens_per_s"] / best["engine"]["tokens_per_s"], 2),
+           "pct_of_floor_peak": {x["dtype"]: round(100 * r["tokens_per_s"] / x["floor_peak_tokens_per_s"], 1)
+                                 for x in rows}}
+    console.print(f"  c={c}: llama.cpp server {r['tokens_per_s']:.1f} tok/s "
+                  f"({row['server_over_engine']:.2f}x the engine in {best['dtype']})")
+    return row
+
+
+def _llama_table(res: dict[str, Any]) -> Table:
+    t = Table(title="llama.cpp server on the same requests (the GGUF's 4-bit weights)")
+    for col in ("c", "server tok/s", "engine tok/s (dtype)", "server / engine", "% of peak floor",
+                "tokens with a log-prob"):
+        t.add_column(col, justify="right")
+    for r in res["llama_server"]:
+        s = r["server"]
+        pct = ", ".join(f"{d.replace('float', 'fp').replace('bfloat', 'bf')} {v:.1f}%"
+                        for d, v in r["pct_of_floor_peak"].items())
+        t.add_row(str(r["concurrency"]), f"[bold]{s['tokens_per_s']:.1f}",
+                  f"{r['best_engine_tokens_per_s']:.1f} ({r['best_engine_dtype']})",
+                  f"{r['server_over_engine']:.2f}x", pct, f"{s['tokens_with_logprob']}/{s['tokens']}")
     return t
 
 

@@ -139,13 +139,16 @@ def generation_bench(
         "--dtype", help="float32 / bfloat16 (repeatable; default: both where bf16 is fast)")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="comma-separated levels")] = "1,8,16,32",
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's)")] = None,
+    llama_server: Annotated[Path | None, typer.Option(
+        "--llama-server", help="also run llama.cpp's `llama-server` binary at this path on the same requests "
+                               "(the bundled GGUF, --threads threads)")] = None,
 ) -> None:
     """Local engine tokens/s at 1-32 concurrent sequences vs HF generate and a FLOP floor."""
     from tryloop.bench.generation import run
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     run_cli(run, quick=quick, dtypes=tuple(dtype) if dtype else None, concurrency=levels, threads=threads,
-            run_dir=run_dir, out=out, console=console)
+            run_dir=run_dir, llama_server=llama_server, out=out, console=console)
 
 
 @app.command("train")

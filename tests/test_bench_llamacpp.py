@@ -1,0 +1,27 @@
+"""llama.cpp's server as the generation benchmark's second engine: what a bad binary gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from tryloop.bench.llamacpp import LlamaServerError, _sampled, start_server
+
+
+def test_a_missing_binary_is_named(tmp_path):
+    with pytest.raises(LlamaServerError, match="nope/llama-server is not a file"):
+        start_server(tmp_path / "nope" / "llama-server", tmp_path / "m.gguf", slots=1, ctx=512, threads=1)
+
+
+def test_a_binary_that_exits_reports_its_status_and_stderr(tmp_path):
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'error: unknown argument: --parallel' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(LlamaServerError, match=r"exited with status 3: error: unknown argument: --parallel"):
+        start_server(fake, tmp_path / "m.gguf", slots=1, ctx=512, threads=1, timeout_s=30)
+
+
+def test_sampled_counts_tokens_and_those_with_a_log_probability():
+    answer = {"tokens_predicted": 3, "completion_probabilities": [
+        {"id": 5, "logprob": -0.1}, {"id": 9, "logprob": -2.3}, {"id": 1}]}
+    assert _sampled(answer) == (3, 2)
+    assert _sampled({"tokens": [1, 2]}) == (2, 0)
