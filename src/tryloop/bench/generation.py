@@ -363,6 +363,9 @@ def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
     return res
 
 
+_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
 def _table(res: dict[str, Any]) -> Table:
     t = Table(title=f"generation tokens/s: {res['prompt_tokens_mean']:.0f}-token prompts, "
                     f"{res['new_tokens'][0]}-{res['new_tokens'][1]} new tokens at T=1 "
@@ -372,7 +375,7 @@ def _table(res: dict[str, Any]) -> Table:
         t.add_column(col, justify="right")
     for r in res["levels"]:
         e, h = r["engine"], r["hf_generate"]
-        t.add_row(str(r["concurrency"]), {"float32": "fp32", "bfloat16": "bf16"}.get(r["dtype"], r["dtype"]),
+        t.add_row(str(r["concurrency"]), _SHORT.get(r["dtype"], r["dtype"]),
                   f"[bold]{e['tokens_per_s']:.1f}", f"{h['tokens_per_s']:.1f} ({r['engine_over_hf']:.1f}x)",
                   f"{r['floor_peak_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_peak']:.1f}%)",
                   f"{r['floor_decode_gemm_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_decode_gemm']:.0f}%)",
@@ -406,8 +409,7 @@ def _llama_table(res: dict[str, Any]) -> Table:
         t.add_column(col, justify="right")
     for r in res["llama_server"]:
         s = r["server"]
-        pct = ", ".join(f"{d.replace('float', 'fp').replace('bfloat', 'bf')} {v:.1f}%"
-                        for d, v in r["pct_of_floor_peak"].items())
+        pct = ", ".join(f"{_SHORT.get(d, d)} {v:.1f}%" for d, v in r["pct_of_floor_peak"].items())
         t.add_row(str(r["concurrency"]), f"[bold]{s['tokens_per_s']:.1f}",
                   f"{r['best_engine_tokens_per_s']:.1f} ({r['best_engine_dtype']})",
                   f"{r['server_over_engine']:.2f}x", pct, f"{s['tokens_with_logprob']}/{s['tokens']}")
