@@ -8,8 +8,18 @@ from tryloop.bench.llamacpp import LlamaServerError, _sampled, start_server
 
 
 def test_a_missing_binary_is_named(tmp_path):
-    with pytest.raises(LlamaServerError, match="nope/llama-server is not a file"):
+    with pytest.raises(LlamaServerError, match="nope/llama-server is not an executable file"):
         start_server(tmp_path / "nope" / "llama-server", tmp_path / "m.gguf", slots=1, ctx=512, threads=1)
+
+
+def test_the_benchmark_refuses_a_wrong_binary_before_measuring_anything(tmp_path):
+    from tryloop.bench.generation import run
+
+    text = tmp_path / "llama-server"
+    text.write_text("not a program")            # exists, but cannot be executed
+    with pytest.raises(LlamaServerError, match="is not an executable file"):
+        run(quick=True, llama_server=text, out=tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_a_binary_that_exits_reports_its_status_and_stderr(tmp_path):

@@ -294,6 +294,9 @@ def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
     from tryloop.agent.hf import BUNDLED, load_model
 
     console = console or Console()
+    if llama_server is not None:        # a wrong path fails now, not after the engine's rows are measured
+        from tryloop.bench.llamacpp import check_binary
+        check_binary(llama_server)
     t_start = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)

@@ -17,6 +17,7 @@ that choosing an engine is a matter of numbers.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import time
@@ -38,11 +39,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_binary(binary: Path) -> None:
+    """Refuse a path that cannot be the server before any work is done (the benchmark checks first)."""
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        raise LlamaServerError(f"--llama-server: {binary} is not an executable file (a llama.cpp `llama-server` "
+                               "binary)")
+
+
 def start_server(binary: Path, gguf: Path, *, slots: int, ctx: int, threads: int,
                  timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """`llama-server` on a free loopback port, returned once /health answers 200."""
-    if not binary.is_file():
-        raise LlamaServerError(f"--llama-server: {binary} is not a file (a llama.cpp `llama-server` binary)")
+    check_binary(binary)
     port = _free_port()
     cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--parallel", str(slots),
            "--ctx-size", str(ctx), "--threads", str(threads), "--threads-batch", str(threads)]
