@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from tryloop.bench.llamacpp import LlamaServerError, _sampled, start_server
@@ -35,3 +37,18 @@ def test_sampled_counts_tokens_and_those_with_a_log_probability():
         {"id": 5, "logprob": -0.1}, {"id": 9, "logprob": -2.3}, {"id": 1}]}
     assert _sampled(answer) == (3, 2)
     assert _sampled({"tokens": [1, 2]}) == (2, 0)
+
+
+def test_a_level_whose_server_fails_is_recorded_and_the_table_shows_it(tmp_path):
+    from rich.console import Console
+
+    from tryloop.bench.generation import _llama_row, _llama_table
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    res = {"levels": [], "llama_server": []}
+    row = _llama_row(fake, tmp_path / "m.gguf", [[1, 2, 3]], [4], 1, res, Console(file=io.StringIO()))
+    assert row["concurrency"] == 1 and "failed to load model" in row["error"]
+    res["llama_server"].append(row)
+    assert _llama_table(res).row_count == 1

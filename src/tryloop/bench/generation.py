@@ -389,10 +389,14 @@ def _table(res: dict[str, Any]) -> Table:
 def _llama_row(binary: Path, gguf: Path, prompts: list[list[int]], lengths: list[int], c: int,
                res: dict[str, Any], console: Console) -> dict[str, Any]:
     """llama.cpp's server on this level's requests, next to the level's engine rows and floors."""
-    from tryloop.bench.llamacpp import run_llama_server
+    from tryloop.bench.llamacpp import LlamaServerError, run_llama_server
 
-    with console.status(f"c={c}: llama.cpp server ..."):
-        r = run_llama_server(binary, gguf, prompts, lengths, c, threads=torch.get_num_threads())
+    try:
+        with console.status(f"c={c}: llama.cpp server ..."):
+            r = run_llama_server(binary, gguf, prompts, lengths, c, threads=torch.get_num_threads())
+    except LlamaServerError as e:       # one failed level keeps the rows measured so far, and the run goes on
+        console.print(f"  [red]c={c}: llama.cpp server failed:[/] {e}")
+        return {"concurrency": c, "requests": len(prompts), "weights": gguf.name, "error": str(e)}
     rows = [x for x in res["levels"] if x["concurrency"] == c]
     best = max(rows, key=lambda x: x["engine"]["tokens_per_s"])
     row = {"concurrency": c, "requests": len(prompts), "weights": gguf.name, "server": r,
@@ -411,6 +415,9 @@ def _llama_table(res: dict[str, Any]) -> Table:
                 "tokens with a log-prob"):
         t.add_column(col, justify="right")
     for r in res["llama_server"]:
+        if "error" in r:
+            t.add_row(str(r["concurrency"]), "[red]failed", "", "", "", r["error"][:60])
+            continue
         s = r["server"]
         pct = ", ".join(f"{_SHORT.get(d, d)} {v:.1f}%" for d, v in r["pct_of_floor_peak"].items())
         t.add_row(str(r["concurrency"]), f"[bold]{s['tokens_per_s']:.1f}",
