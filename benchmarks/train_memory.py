@@ -1,18 +1,20 @@
 """Peak memory of the whole train process, step by step: the train loop as it is, side by side with
-the loop without parking the engine (its weights kept through the update), and the loop without
-any of its update-memory measures (the engine's prefix cache and weights kept through the update,
-no lean heap, the engine loading a full copy of the exported weights).
+the loop without parking the engine (its weights kept through the update), with the prefix cache a
+multi-turn run keeps (every finished sequence, up to 1 GB) in a single-turn run, and without any of
+its update-memory measures (the engine's prefix cache and weights kept through the update, no lean
+heap, the engine loading a full copy of the exported weights).
 
-    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--configs train_loop,without_park]
-                                      [--out FILE]
+    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--eval-tasks N]
+                                      [--configs train_loop,without_park] [--out FILE]
 
 `--config` names a tryloop config whose task store holds a suite (`tryloop tasks build-default`),
 with the learning zone of the default model measured in it (the first `tryloop train` there, or
 `tryloop tasks zone`), or whose `train.zone` is false: each configuration runs `tryloop train`'s
 loop for `--steps` steps with the config's train settings in a fresh process (peak RSS is a per-process high-water mark), all at once so
 load on the machine hits them alike, and reads the per-step `peak_rss_mb` and update time the run
-records (no held-out evaluation runs). The reward version's regression gate is not required: no
-reward here is a result.
+records. `--eval-tasks N` first evaluates N held-out tasks (`train.eval_k` samples each), as
+`tryloop train` does before its first step; without it no evaluation runs. The reward version's
+regression gate is not required: no reward here is a result.
 Writes results-train-memory.json beside this file (or --out).
 """
 
@@ -27,12 +29,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: the loop as it is; without parking the engine (its prefix cache is still dropped); without any of
-#: the update-memory measures.
-CONFIGS = ("train_loop", "without_park", "without_memory_measures")
+#: the loop as it is; without parking the engine (its prefix cache is still dropped); with a multi-turn
+#: run's prefix cache; without any of the update-memory measures.
+CONFIGS = ("train_loop", "without_park", "multi_turn_prefix_cache", "without_memory_measures")
 
 
-def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
+def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int = 0) -> list[dict]:
     """One configuration, in this process: the per-step rows of its run."""
     import asyncio
     import contextlib
@@ -62,11 +64,21 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path) -> list[dict]:
         Engine.update_weights = from_a_copy
     elif name == "without_park":
         Engine.park = Engine.drop_prefix_cache      # the engine keeps its weights through the update
+    if name in ("multi_turn_prefix_cache", "without_memory_measures"):
+        from tryloop.agent.hf_policy import HFPolicy
+
+        init = HFPolicy.__init__
+
+        def multi_turn(self, *a, **k):              # every finished sequence cached, the 1 GB budget
+            return init(self, *a, **(k | {"multi_turn": True}))
+
+        HFPolicy.__init__ = multi_turn
     cfg = load_yaml(config)
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})
     run_id = f"memory-{name}-{int(time.time())}"
-    tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps + 1, "eval_at_start": False,
-                                        "eval_every": 10_000, "check_source": None})   # the steps alone
+    tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps + 1, "eval_at_start": eval_tasks > 0,
+                                        "eval_tasks": eval_tasks or None, "eval_every": 10_000,
+                                        "check_source": None})   # no final evaluation
     result = asyncio.run(run.train(cfg, tcfg, stop_after_step=steps - 1))
     return [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
             for row in result.metrics]
@@ -76,6 +88,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--eval-tasks", type=int, default=0,
+                    help="held-out tasks evaluated before the first step (default 0: no evaluation)")
     ap.add_argument("--out", type=Path, default=HERE / "results-train-memory.json")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma-separated, run side by side (default: all of {', '.join(CONFIGS)})")
@@ -86,11 +100,12 @@ def main() -> None:
     if not configs or set(configs) - set(CONFIGS) or "train_loop" not in configs:
         ap.error(f"--configs: train_loop and any of {', '.join(CONFIGS[1:])}")
     if args.one:
-        print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir)))
+        print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir, args.eval_tasks)))
         return
     with tempfile.TemporaryDirectory(prefix="tryloop-train-memory-") as runs_dir:
         procs = {name: subprocess.Popen([sys.executable, __file__, "--one", name, "--config", str(args.config),
-                                         "--steps", str(args.steps), "--runs-dir", runs_dir],
+                                         "--steps", str(args.steps), "--runs-dir", runs_dir,
+                                         "--eval-tasks", str(args.eval_tasks)],
                                         stdout=subprocess.PIPE, text=True) for name in configs}
         rows = {}
         for name, p in procs.items():
@@ -98,7 +113,7 @@ def main() -> None:
             if p.returncode:
                 raise SystemExit(f"{name}: exit {p.returncode}")
             rows[name] = json.loads(out.strip().splitlines()[-1])
-    result = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps,
+    result = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "eval_tasks": args.eval_tasks,
               **{name: {"peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs), "steps": rs}
                  for name, rs in rows.items()}}
     result["peak_ratio"] = {f"train_loop/{name}": result["train_loop"]["peak_rss_mb_max"] / result[name]["peak_rss_mb_max"]

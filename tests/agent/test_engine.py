@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from tryloop.agent.engine import Engine, EngineClosed, EngineError
+from tryloop.agent.engine import Engine, EngineClosed, EngineError, kv_bytes_per_token
+from tryloop.agent.hf_policy import HFPolicy
 from tryloop.agent.prefix_cache import PrefixCache
 
 
@@ -183,6 +184,35 @@ async def test_prefix_cache_serves_the_next_turn(smollm2, prompts):
     assert warm_stats.prefix_hit_tokens == len(prompts[0]) + len(first.token_ids) - 1
     assert warm.token_ids == cold.token_ids
     assert max(abs(a - b) for a, b in zip(warm.policy_logprobs, cold.policy_logprobs, strict=True)) < 1e-4
+
+
+async def test_single_turn_engine_caches_prompts_not_completions(smollm2, prompts):
+    """Without `cache_completions` the samples of a group still share their prompt, but no finished
+    sequence is kept: the cache holds exactly the prompt's keys and values."""
+    tok = smollm2.tokenizer
+    async with Engine(smollm2.model, tok, prefix_cache_mb=256, cache_completions=False) as eng:
+        first = await eng.generate(prompts[0], max_new_tokens=4, temperature=0, stop_token_ids=[])
+        assert eng.stats().prefix_cache_bytes == kv_bytes_per_token(eng.model) * len(prompts[0])
+        mate = await eng.generate(prompts[0], max_new_tokens=4, temperature=0, stop_token_ids=[])
+        assert eng.stats().prefix_hit_tokens == len(prompts[0]) - 1     # all but the token that samples
+        assert mate.token_ids == first.token_ids
+        await eng.generate(prompts[0] + first.token_ids, max_new_tokens=2, temperature=0)
+        assert eng.stats().prefix_hit_tokens == 2 * len(prompts[0]) - 1  # the prompt, not the completion
+
+
+def test_single_turn_policy_sizes_the_prefix_cache_to_a_batch(smollm2):
+    # float32: the model as loaded (an engine casts its model in place to another dtype).
+    multi = HFPolicy(smollm2, max_context=1024, max_batch=8, dtype="float32")
+    single = HFPolicy(smollm2, max_context=1024, max_batch=8, dtype="float32", multi_turn=False)
+    try:
+        assert multi.engine.cache_completions and multi.engine._prefixes.budget_bytes == 1024 * 2**20
+        per_token = 2 * 30 * 3 * 64 * 4                    # layers x (k, v) x kv heads x head dim x fp32
+        assert kv_bytes_per_token(single.engine.model) == per_token
+        assert not single.engine.cache_completions
+        assert single.engine._prefixes.budget_bytes == per_token * 8 * 1024
+    finally:
+        multi.close()
+        single.close()
 
 
 async def test_cancelled_and_closed_requests(smollm2, prompts):

@@ -88,6 +88,10 @@ from tryloop.errors import TryloopError
 FinishReason = Literal["stop", "length"]
 
 
+#: The prefix cache's budget unless told otherwise: room for many agents' conversations.
+DEFAULT_PREFIX_CACHE_MB = 1024
+
+
 class EngineClosed(TryloopError):
     """The engine was closed before (or while) the request ran."""
 
@@ -190,11 +194,16 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16,
                  weights_version: str = "initial", num_threads: int | None = None,
-                 prefix_cache_mb: float = 1024, dtype: torch.dtype | str | None = None,
-                 kv_block: int = 64, name: str = "tryloop-engine") -> None:
+                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, dtype: torch.dtype | str | None = None,
+                 kv_block: int = 64, cache_completions: bool = True, name: str = "tryloop-engine") -> None:
         """`num_threads`, if given, sets torch's CPU thread count for the whole process
         (torch has one pool). On 2 cores shared with other work, 1 thread decoded ~7x
         faster than 2: OpenMP's barriers wait for whichever thread lost its core.
+
+        `cache_completions`: keep each finished sequence's keys/values for a next prompt that
+        extends it (an agent's next turn). Off where no request continues a finished sequence
+        (single-turn episodes): the prefix cache then holds prompts, which the samples of a
+        group share, and not one full sequence per sample that nothing will read.
 
         `dtype` (a torch dtype or its name, e.g. "bfloat16"): run the model in it, casting
         `model` in place; None keeps the model's dtype. `kv_block`: the KV cache grows by
@@ -217,7 +226,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
-        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_context = model_context(model)
         self.default_stop_ids = frozenset(_eos_ids(model, tokenizer))
         # transformers 5 renamed the forward's `past_key_values` to `cache`.
         params = inspect.signature(model.forward).parameters
@@ -232,6 +241,7 @@ class Engine:
         self._rows: list[_Row] = []
         self._cache: _SlotCache | None = None  # the batch's KV cache, rows in `_rows` order
         self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.cache_completions = cache_completions
         self._closed = False
         self._parked: list[tuple[Any, int]] = []   # (storage, bytes) of weights freed by `park`
         # Orders `generate`'s check-and-put against the worker's final drain, so no request
@@ -531,7 +541,7 @@ class Engine:
         self._stats.busy_s += time.perf_counter() - t0
         keep = [i for i, r in enumerate(rows) if r.finish is None and not r.req.cancelled]
         for i, r in enumerate(rows):
-            if r.finish is not None and self._prefixes.enabled:
+            if r.finish is not None and self._prefixes.enabled and self.cache_completions:
                 # Cloned: a slice would keep the whole batch's tensor alive.
                 self._prefixes.add(r.req.prompt + r.tokens[:-1], [
                     (layer.keys[i:i + 1, :, cache_len + 1 - r.kv_len:].clone(),
@@ -613,6 +623,22 @@ class Engine:
                     _resolve(msg, error=error())
                 elif isinstance(msg, (_Update, _DropPrefixes)):
                     msg.done.set_exception(error())
+
+
+def model_context(model: Any) -> int:
+    """The longest sequence `model` takes (its position embeddings), unbounded if it does not say."""
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def kv_bytes_per_token(model: Any, dtype: torch.dtype | None = None) -> int:
+    """Bytes of keys and values one token takes in the KV cache of a decoder-only `model`
+    (in `dtype`, default the model's own)."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    itemsize = (dtype or next(model.parameters()).dtype).itemsize
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize
 
 
 def _check_cache_layout(model: Any) -> None:

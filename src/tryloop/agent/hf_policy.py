@@ -50,8 +50,9 @@ class HFSession:
         except TryloopError as e:
             raise PolicyError(f"generation failed: {e}") from e
         self._turn += 1
-        # Raw-policy log-probs (T=1, full vocabulary), whatever the sampling temperature: what the
-        # trainer recomputes. (Off-policy when sampling at T != 1; the loss's ratio corrects for it.)
+        # Raw-policy log-probs (T=1, full vocabulary), whatever the sampling temperature. They are
+        # pi_old only at T=1 and top_p 1: otherwise the learner recomputes pi_old at the sampling
+        # temperature (train.algo.old_logprobs "sampler" is refused there).
         self.tokens.add_sampled(sample.token_ids, sample.policy_logprobs)
         text = self.p.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": text})
@@ -68,20 +69,38 @@ class HFPolicy:
 
     def __init__(self, loaded: Any, *, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 384,
                  max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None,
-                 dtype: str | Any = "float32", engine: Any = None):
+                 dtype: str | Any = "float32", engine: Any = None, multi_turn: bool = True):
         """`dtype`: the engine's ("float32" | "bfloat16" | "auto", see PolicyConfig.dtype); the
         engine casts `loaded.model` to it in place (it owns the model). `engine`: another sampler
         with the engine's `generate` (an `EndpointSampler`: model servers); then only
-        `loaded.tokenizer` is used here, and the sessions are token-exact the same way."""
-        from tryloop.agent.engine import Engine
+        `loaded.tokenizer` is used here, and the sessions are token-exact the same way.
+        `multi_turn` False: every session ends after one turn (limits.max_turns 1), so the engine
+        keeps no finished turn for a next one, and its prefix cache only the prompts a full batch
+        can share."""
+        from tryloop.agent.engine import (
+            DEFAULT_PREFIX_CACHE_MB,
+            Engine,
+            kv_bytes_per_token,
+            model_context,
+        )
         from tryloop.agent.hf import resolve_engine_dtype
 
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.chat = ChatTokenizer(loaded.tokenizer)
-        self.engine = engine if engine is not None else Engine(
-            loaded.model, loaded.tokenizer, max_batch=max_batch, weights_version=loaded.weights_version,
-            num_threads=num_threads, dtype=resolve_engine_dtype(dtype, loaded.device))
+        if engine is None:
+            engine_dtype = resolve_engine_dtype(dtype, loaded.device)
+            cache_mb = DEFAULT_PREFIX_CACHE_MB
+            if not multi_turn:
+                # Prompts are reused only by requests still to come for the same group, a batch's
+                # worth at most; a larger budget fills with prompts nothing reads again (LRU evicts
+                # only when full) beside the learner's weights and optimizer state.
+                cache_mb = min(cache_mb, kv_bytes_per_token(loaded.model, engine_dtype) * max_batch
+                               * min(max_context, model_context(loaded.model)) / 2**20)
+            engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
+                            weights_version=loaded.weights_version, num_threads=num_threads,
+                            dtype=engine_dtype, prefix_cache_mb=cache_mb, cache_completions=multi_turn)
+        self.engine = engine
         self.name = loaded.name
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens = max_new_tokens
