@@ -1,8 +1,9 @@
 """Peak memory of the whole train process, step by step: the train loop as it is, side by side with
 the loop without parking the engine (its weights kept through the update), with the prefix cache a
-multi-turn run keeps (every finished sequence, up to 1 GB) in a single-turn run, and without any of
-its update-memory measures (the engine's prefix cache and weights kept through the update, no lean
-heap, the engine loading a full copy of the exported weights).
+multi-turn run keeps (every finished sequence, up to 1 GB) in a single-turn run, with oneDNN's
+caches of bf16 matmul kernels at their default capacity, and without any of its memory measures
+(the engine's prefix cache and weights kept through the update, no lean heap, the engine loading a
+full copy of the exported weights, the default caches).
 
     python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--eval-tasks N]
                                       [--configs train_loop,without_park] [--out FILE]
@@ -30,8 +31,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: the loop as it is; without parking the engine (its prefix cache is still dropped); with a multi-turn
-#: run's prefix cache; without any of the update-memory measures.
-CONFIGS = ("train_loop", "without_park", "multi_turn_prefix_cache", "without_memory_measures")
+#: run's prefix cache; with oneDNN's caches at their default capacity (1024 shapes); without any of
+#: the memory measures.
+CONFIGS = ("train_loop", "without_park", "multi_turn_prefix_cache", "onednn_default_caches",
+           "without_memory_measures")
 
 
 def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int = 0) -> list[dict]:
@@ -64,6 +67,11 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
         Engine.update_weights = from_a_copy
     elif name == "without_park":
         Engine.park = Engine.drop_prefix_cache      # the engine keeps its weights through the update
+    if name in ("onednn_default_caches", "without_memory_measures"):
+        import os
+
+        for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+            os.environ[var] = "1024"                # before the first bf16 matmul: what load_model bounds
     if name in ("multi_turn_prefix_cache", "without_memory_measures"):
         from tryloop.agent.hf_policy import HFPolicy
 

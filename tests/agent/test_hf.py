@@ -94,3 +94,36 @@ def test_conversion_is_atomic_and_exact(smollm2, tmp_path):
     gguf = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
                                                 dtype=torch.float32).eval()
     assert torch.equal(logits(fresh.model, fresh.tokenizer), logits(gguf, fresh.tokenizer))
+
+
+_MANY_SHAPES = """
+import sys, torch
+if sys.argv[1] == "bounded":
+    from tryloop.agent.hf import bound_onednn_caches
+    bound_onednn_caches()
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+w, x = torch.randn(1536, 576).bfloat16(), torch.randn(700, 576).bfloat16()
+torch.nn.functional.linear(x[:3], w)
+before = rss_mb()
+for rows in range(300, 700):        # a prefill per prompt length: one matmul shape each
+    torch.nn.functional.linear(x[:rows], w)
+print(rss_mb() - before)
+"""
+
+
+def test_bounded_onednn_caches_keep_many_matmul_shapes_from_growing_the_process():
+    import os
+    import subprocess
+    import sys
+
+    from tryloop.agent.hf import bf16_supported
+
+    if not bf16_supported("cpu"):
+        pytest.skip("this CPU has no bf16 matmuls: oneDNN's bf16 kernels are not used")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    growth = {mode: float(subprocess.run([sys.executable, "-c", _MANY_SHAPES, mode], env=env, check=True,
+                                         capture_output=True, text=True).stdout.split()[-1])
+              for mode in ("default", "bounded")}
+    assert growth["default"] > 300                 # the library's own caches: ~2 MB a shape here
+    assert growth["bounded"] < growth["default"] / 4

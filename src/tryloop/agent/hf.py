@@ -41,6 +41,27 @@ CACHE_ENV = "TRYLOOP_MODEL_CACHE"
 META_FILE = "tryloop-model.json"
 
 
+#: Shapes whose oneDNN matmul primitives stay cached (see `bound_onednn_caches`).
+ONEDNN_CACHE_CAPACITY = 16
+
+
+def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
+    """Bound the caches of oneDNN, torch's kernels for bf16 matmuls on CPU, unless the process's
+    environment sets them.
+
+    oneDNN creates one primitive per matmul shape and torch's wrapper (ideep) caches it; both
+    caches hold 1024 by default, and each primitive keeps buffers in proportion to its rows. Every
+    prompt length the engine prefills, and every micro-batch shape the update sees under bf16
+    autocast, is a new shape: without a bound the process grew by ~0.75 GB over a few hundred of
+    them, and a train run crossed 4 GB. A decode step needs ~5 shapes (one per distinct weight
+    shape) at a time and a new primitive costs well under a millisecond, so 16 keeps decoding's in
+    the cache. Both caches read their capacity once, at the first bf16 matmul of the process:
+    called before it (`load_model` does), this takes effect; later, it changes nothing. Capacity
+    0 crashes oneDNN, so at least 1."""
+    for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(var, str(max(1, capacity)))
+
+
 class ModelLoadError(TryloopError):
     """A model name could not be resolved or loaded; the message says what was tried."""
 
@@ -150,6 +171,7 @@ def load_model(
     in training; half precision is available for speed where that is acceptable.
     """
     t0 = time.perf_counter()
+    bound_onednn_caches()
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     path, converted = resolve_model(name_or_path, cache_dir=cache_dir)
