@@ -52,10 +52,9 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     oneDNN creates one primitive per matmul shape and torch's wrapper (ideep) caches it; both
     caches hold 1024 by default, and each primitive keeps buffers in proportion to its rows. Every
     prompt length the engine prefills, and every micro-batch shape the update sees under bf16
-    autocast, is a new shape: without a bound the process grew by ~0.75 GB over a few hundred of
-    them, and a train run crossed 4 GB. A decode step needs ~5 shapes (one per distinct weight
-    shape) at a time and a new primitive costs well under a millisecond, so 16 keeps decoding's in
-    the cache. Both caches read their capacity once, at the first bf16 matmul of the process:
+    autocast, is a new shape: without a bound 400 prompt lengths of one matmul grew a process by
+    640 MB, and a train run went past 4 GB (benchmarks/train_memory.py). A decode step needs ~5
+    shapes (one per distinct weight shape) at a time, so 16 keeps decoding's in the cache. Both caches read their capacity once, at the first bf16 matmul of the process:
     called before it (`load_model` does), this takes effect; later, it changes nothing. Capacity
     0 crashes oneDNN, so at least 1."""
     for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
