@@ -70,7 +70,9 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
     if name in ("onednn_default_caches", "without_memory_measures"):
         import os
 
-        for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        from tryloop.agent.hf import ONEDNN_CACHE_ENV
+
+        for var in ONEDNN_CACHE_ENV:
             os.environ[var] = "1024"                # before the first bf16 matmul: what load_model bounds
     if name in ("multi_turn_prefix_cache", "without_memory_measures"):
         from tryloop.agent.hf_policy import HFPolicy

@@ -117,11 +117,11 @@ def test_bounded_onednn_caches_keep_many_matmul_shapes_from_growing_the_process(
     import subprocess
     import sys
 
-    from tryloop.agent.hf import bf16_supported
+    from tryloop.agent.hf import ONEDNN_CACHE_ENV, bf16_supported
 
     if not bf16_supported("cpu"):
         pytest.skip("this CPU has no bf16 matmuls: oneDNN's bf16 kernels are not used")
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env = {k: v for k, v in os.environ.items() if k not in ONEDNN_CACHE_ENV}
     growth = {mode: float(subprocess.run([sys.executable, "-c", _MANY_SHAPES, mode], env=env, check=True,
                                          capture_output=True, text=True).stdout.split()[-1])
               for mode in ("default", "bounded")}

@@ -43,21 +43,23 @@ META_FILE = "tryloop-model.json"
 
 #: Shapes whose oneDNN matmul primitives stay cached (see `bound_onednn_caches`).
 ONEDNN_CACHE_CAPACITY = 16
+#: The variables oneDNN and torch's wrapper of it (ideep) read their cache capacities from.
+ONEDNN_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
 def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     """Bound the caches of oneDNN, torch's kernels for bf16 matmuls on CPU, unless the process's
     environment sets them.
 
-    oneDNN creates one primitive per matmul shape and torch's wrapper (ideep) caches it; both
-    caches hold 1024 by default, and each primitive keeps buffers in proportion to its rows. Every
-    prompt length the engine prefills, and every micro-batch shape the update sees under bf16
-    autocast, is a new shape: without a bound 400 prompt lengths of one matmul grew a process by
-    640 MB, and a train run went past 4 GB (benchmarks/train_memory.py). A decode step needs ~5
-    shapes (one per distinct weight shape) at a time, so 16 keeps decoding's in the cache. Both caches read their capacity once, at the first bf16 matmul of the process:
-    called before it (`load_model` does), this takes effect; later, it changes nothing. Capacity
-    0 crashes oneDNN, so at least 1."""
-    for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    oneDNN creates one primitive per matmul shape and ideep caches it; both caches hold 1024 by
+    default, and each primitive keeps buffers in proportion to its rows. Every prompt length the
+    engine prefills, and every micro-batch shape the update sees under bf16 autocast, is a new
+    shape: without a bound 400 prompt lengths of one matmul grew a process by 640 MB, and a train
+    run went past 4 GB (benchmarks/train_memory.py). A decode step needs ~5 shapes (one per
+    distinct weight shape) at a time, so 16 keeps decoding's in the cache. Both caches read their
+    capacity once, at the first bf16 matmul of the process: called before it (`load_model` does),
+    this takes effect; later, it changes nothing. Capacity 0 crashes oneDNN, so at least 1."""
+    for var in ONEDNN_CACHE_ENV:
         os.environ.setdefault(var, str(max(1, capacity)))
 
 
