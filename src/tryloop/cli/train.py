@@ -4,7 +4,8 @@ zone, HumanEval as the regression check, local sandboxes)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from rich.live import Live
@@ -14,24 +15,36 @@ from rich.table import Table
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 
 
-def ensure_suite(cfg) -> None:
-    """Build the tasks the run needs if the store has none: the synthesized function tasks (the
-    default train source) and HumanEval (the default check set), each gated once with K=1."""
+def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None) -> None:
+    """Build the tasks the run needs unless the store has them: the synthesized function tasks (the
+    default train source) and HumanEval (the default check set), each gated once with K=1.
+
+    A build admits task by task and records in the store that it started and that it finished, so
+    a build that was killed resumes where it stopped, gating only the tasks it had not decided
+    (instead of training on the part it had stored). A source whose tasks are in the store with no
+    build recorded was built by hand (`tryloop tasks build ...`) and is used as it is. `builders`
+    (source -> builder) defaults to the factory's.
+    """
     from tryloop.errors import TryloopError
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks.factory import build_functions, build_humaneval
     from tryloop.tasks.gate import GateConfig
     from tryloop.tasks.store import TaskStore
 
-    builders = {"functions": build_functions, "humaneval": build_humaneval}
+    builders = builders or {"functions": build_functions, "humaneval": build_humaneval}
     store = TaskStore(cfg.tasks.store_url)
     needed = [(cfg.train.source, "train")] + ([(cfg.train.check_source, "eval")] if cfg.train.check_source else [])
     for source, split in needed:
-        if store.query(split=split, source=source):
+        state = store.build_state(source) if source else None
+        if state == "done" or (state is None and store.query(split=split, source=source)):
             continue
         if source not in builders:
             raise TryloopError(f"no {split} tasks{f' of source {source}' if source else ''} in "
                                f"{cfg.tasks.store_url}: build them with `tryloop tasks build-default`")
+        skip = store.decided_ids(source) if state == "started" else set()
+        if skip:
+            console.print(f"resuming the interrupted build of the {source} tasks: {len(skip)} already decided")
+        store.set_build_state(source, "started")
         cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
         with Progress(TextColumn(f"building the {source} tasks (gated)"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
@@ -39,9 +52,11 @@ def ensure_suite(cfg) -> None:
             report = asyncio.run(builders[source](
                 SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir,
                 gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
-                eval_fraction=cfg.tasks.eval_fraction_for(source), seed=cfg.tasks.seed,
+                eval_fraction=cfg.tasks.eval_fraction_for(source), seed=cfg.tasks.seed, skip=skip,
                 progress=lambda tid, _, bar=bar, prog=prog: prog.update(bar, advance=1, last=tid)))
-        console.print(f"task store: {report.total_kept} {source} tasks kept, {report.total_rejected} rejected")
+        store.set_build_state(source, "done")
+        console.print(f"task store: {report.total_kept} {source} tasks kept, {report.total_rejected} rejected"
+                      + (f" ({len(skip)} decided before the interruption)" if skip else ""))
 
 
 def ensure_gate(cfg) -> None:

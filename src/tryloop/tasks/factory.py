@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,10 +319,12 @@ async def build_default(runtime: SandboxRuntime, store: TaskStore, work_dir: Pat
 
 async def _admit_all(runtime: SandboxRuntime, store: TaskStore, tasks: list[Task], group: Callable[[Task], str],
                      *, gate: GateConfig, eval_fraction: float, seed: int, concurrency: int,
-                     progress: Progress | None) -> GateReport:
-    """Gate independent candidates `concurrency` at a time (each in its own sandboxes)."""
+                     progress: Progress | None, skip: Collection[str] = ()) -> GateReport:
+    """Gate independent candidates `concurrency` at a time (each in its own sandboxes), all but
+    those whose id is in `skip` (decided by an earlier, interrupted build)."""
     import asyncio
 
+    tasks = [t for t in tasks if t.id not in skip]
     report = GateReport()
     sem = asyncio.Semaphore(concurrency)
 
@@ -338,25 +340,28 @@ async def _admit_all(runtime: SandboxRuntime, store: TaskStore, tasks: list[Task
 
 async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
                           eval_fraction: float, seed: int = 0, limit: int | None = None, concurrency: int = 2,
-                          progress: Progress | None = None) -> GateReport:
-    """The HumanEval part of the bundled suite alone (the default check set of `tryloop train`), gated."""
+                          progress: Progress | None = None, skip: Collection[str] = ()) -> GateReport:
+    """The HumanEval part of the bundled suite alone (the default check set of `tryloop train`), gated
+    (all but the ids in `skip`)."""
     from tryloop.tasks.sources.humaneval import humaneval_tasks
 
     return await _admit_all(runtime, store, humaneval_tasks(work_dir / "humaneval", limit=limit),
                             lambda t: "humaneval", gate=gate, eval_fraction=eval_fraction, seed=seed,
-                            concurrency=concurrency, progress=progress)
+                            concurrency=concurrency, progress=progress, skip=skip)
 
 
 async def build_functions(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
                           eval_fraction: float, seed: int = 0, per_family: int = 8, concurrency: int = 2,
-                          families: list[str] | None = None, progress: Progress | None = None) -> GateReport:
-    """The synthesized function tasks (tiers 1-3, split by family; all templates or `families`), gated."""
+                          families: list[str] | None = None, progress: Progress | None = None,
+                          skip: Collection[str] = ()) -> GateReport:
+    """The synthesized function tasks (tiers 1-3, split by family; all templates or `families`), gated
+    (all but the ids in `skip`)."""
     from tryloop.tasks.sources.functions import function_tasks
 
     tasks = function_tasks(work_dir / "functions", per_family=per_family, seed=seed, families=families)
     return await _admit_all(runtime, store, tasks, lambda t: f"functions:tier-{t.meta.origin['tier']}",
                             gate=gate, eval_fraction=eval_fraction, seed=seed, concurrency=concurrency,
-                            progress=progress)
+                            progress=progress, skip=skip)
 
 
 async def build_family(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, family: str, *,

@@ -62,7 +62,7 @@ class TaskStore:
         self.fs, self.base = fsspec.core.url_to_fs(self.url)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.cache_dir = cache_dir or Path(tempfile.gettempdir()) / "tryloop-task-cache"
-        for sub in ("tasks", "index", "stats"):
+        for sub in ("tasks", "index", "stats", "builds"):
             self.fs.makedirs(f"{self.base}/{sub}", exist_ok=True)
 
     def __repr__(self) -> str:
@@ -131,7 +131,23 @@ class TaskStore:
         self.fs.rm(f"{self.base}/index/{fingerprint}.json")
         self.fs.rm(f"{self.base}/tasks/{_key(entry.id)}/{fingerprint}", recursive=True)
 
+    def set_build_state(self, source: str, state: str) -> None:
+        """Record how far a build of `source`'s default tasks got: "started", then "done". A build
+        admits task by task, so a store whose build was interrupted holds a part of the source."""
+        self._write_json(f"builds/{source}.json", {"source": source, "state": state, "time": time.time()})
+
     # ---- reading -------------------------------------------------------------
+
+    def build_state(self, source: str) -> str | None:
+        """"started", "done", or None where no build of `source` was recorded (none ran, or the
+        tasks were added by hand)."""
+        path = f"builds/{source}.json"
+        return self._read_json(path)["state"] if self.fs.exists(f"{self.base}/{path}") else None
+
+    def decided_ids(self, source: str) -> set[str]:
+        """Ids of `source` the store has admitted or rejected: what a resumed build does not gate again."""
+        return ({e.id for e in self.entries() if e.meta.source == source}
+                | {r["id"] for r in self.rejections() if r["source"] == source})
 
     def entries(self) -> list[Entry]:
         out = []

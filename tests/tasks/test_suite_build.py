@@ -1,0 +1,71 @@
+"""`tryloop train` builds its default suite task by task: a build that is killed resumes where it
+stopped on the next run, instead of training on the part it had stored. Real gating in sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+
+import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
+from tryloop.cli.train import ensure_suite
+from tryloop.config import load_yaml
+from tryloop.sandbox import SandboxRuntime
+from tryloop.tasks.factory import build_humaneval
+from tryloop.tasks.gate import GateConfig
+from tryloop.tasks.store import TaskStore
+
+
+def config(root):
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": "tryloop-test"},
+        "tasks": {"store_url": str(root / "tasks"), "work_dir": str(root / "work"), "eval_fraction": 0.0},
+        "train": {"source": "humaneval", "check_source": None}}))
+    return load_yaml(path)
+
+
+def must_not_build(*args, **kwargs):
+    raise AssertionError("the suite was built again")
+
+
+def test_a_killed_suite_build_resumes_where_it_stopped_and_a_finished_one_is_kept(tmp_path):
+    cfg = config(tmp_path)
+
+    async def killed(*args, **kwargs):
+        await build_humaneval(*args, limit=2, **kwargs)
+        raise KeyboardInterrupt  # the kill lands after two tasks were decided
+
+    with pytest.raises(KeyboardInterrupt):
+        ensure_suite(cfg, {"humaneval": killed})
+    store = TaskStore(cfg.tasks.store_url)
+    assert store.build_state("humaneval") == "started"
+    first = {e.id: (e.fingerprint, e.added) for e in store.entries()}
+    assert len(store.decided_ids("humaneval")) == 2
+
+    gated: list[str] = []
+
+    async def whole(*args, progress, **kwargs):     # "the whole source": four tasks here
+        def seen(task_id, result):
+            gated.append(task_id)
+            progress(task_id, result)
+        return await build_humaneval(*args, limit=4, progress=seen, **kwargs)
+
+    ensure_suite(cfg, {"humaneval": whole})
+    assert store.build_state("humaneval") == "done"
+    assert len(gated) == 2 and not set(gated) & set(first)       # only what the killed build had not decided
+    after = {e.id: (e.fingerprint, e.added) for e in store.entries()}
+    assert len(store.decided_ids("humaneval")) == 4
+    assert all(after[i] == first[i] for i in first)              # nothing decided before was redone
+
+    ensure_suite(cfg, {"humaneval": must_not_build})             # a finished build is not run again
+
+
+def test_tasks_built_by_hand_are_used_as_they_are(tmp_path):
+    cfg = config(tmp_path)
+    store = TaskStore(cfg.tasks.store_url)
+    asyncio.run(build_humaneval(SandboxRuntime(cfg.runtime), store, tmp_path / "work", gate=GateConfig(k=1),
+                                eval_fraction=0.0, limit=1))
+    assert store.build_state("humaneval") is None
+    ensure_suite(cfg, {"humaneval": must_not_build})
