@@ -8,14 +8,16 @@ the learn run's "before" evaluation of the held-out zone tasks (the same weights
 seeds). Each point is the default `tryloop train` configuration with one thing changed, trained for
 --steps steps, then evaluated on the held-out zone tasks. For each point: the train reward's slope
 with its 95% CI, the share of mixed groups, held-out pass@1 before and after with an exact paired
-sign test over tasks, and the wall time of its steps. A point that finished is kept in the output and
-not run again (delete its run directory to rerun it).
+sign test over tasks, and the wall time of its steps. Run at the learn run's length, a point also
+meets the default configuration head to head: its "after" against the learn run's, the same paired
+test over the same tasks (`against_learn_run`). A point that finished is kept in the output and
+not run again (delete its run directory, runs/sweep-NAME-STEPS-steps, to rerun it).
 
-The points vary what the issue of scale asks to choose by measurement: the learning rate of full
+The points vary what this scale asks to choose by measurement: the learning rate of full
 fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
 (0 = plain GRPO, where a group with one compiling answer and nothing passing gets +-1.7 advantages
 from a 0.1 shaping term). The sampling temperature is not swept: another temperature is another
-zone measurement (~30 min here); T=1 was measured once (3 replies in 4 held no code).
+zone measurement (~50 min here), unless the point keeps the zone of T=0.7; T=1 was measured once (3 replies in 4 held no code).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (what changes, updates to train.algo, updates to train)
 POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "default": ("lr 1e-5, full fine-tuning, 4 groups of 6, std floor 0.3", {}, {}),
+    "default": ("lr 1e-5, full fine-tuning, 6 groups of 4, std floor 0.3", {}, {}),
     "lr-3e-5": ("lr 3e-5", {"lr": 3e-5}, {}),
     "lr-3e-6": ("lr 3e-6", {"lr": 3e-6}, {}),
     "std-floor-0": ("plain GRPO: advantages divided by the group's std, no floor", {"adv_std_floor": 0.0}, {}),
     "lora-1e-4": ("LoRA r=16 on the attention projections, lr 1e-4", {"lora": True, "lr": 1e-4}, {}),
+    # the default until this sweep chose six groups of four
+    "groups-4x6": ("4 groups of 6 a step (same 24 episodes)", {}, {"tasks_per_step": 4, "group_size": 6}),
+    # the point that became the default (now the same as `default`), under the name its results carry
     "groups-6x4": ("6 groups of 4 a step (same 24 episodes)", {}, {"tasks_per_step": 6, "group_size": 4}),
 }
 
@@ -85,6 +90,7 @@ def main() -> None:
     baseline = [e for e in read_jsonl(learn_dir / "evals.jsonl") if e["step"] == -1 and e.get("name") == "held-out"]
     if not baseline:
         raise SystemExit(f"{learn_dir}/evals.jsonl: no held-out evaluation before training yet")
+    learn_after = [e for e in read_jsonl(learn_dir / "evals.jsonl") if e["step"] >= 0 and e.get("name") == "held-out"]
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update({"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "root": str(args.root)})
     points = result.setdefault("points", {})
@@ -99,8 +105,9 @@ def main() -> None:
         if points.get(name, {}).get("steps") == args.steps:
             continue
         algo = cfg.train.algo.model_copy(update=algo_up)
-        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{name}", "algo": algo, "steps": args.steps,
-                                            "eval_every": args.steps, "eval_at_start": False,
+        # the run's id names its length: a run of other length is another run, not one to resume
+        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{name}-{args.steps}-steps", "algo": algo,
+                                            "steps": args.steps, "eval_every": args.steps, "eval_at_start": False,
                                             "eval_tasks": args.eval_tasks, "check_source": None, **train_up})
         print(f"== {name}: {what}", flush=True)
         t0 = time.perf_counter()
@@ -109,6 +116,10 @@ def main() -> None:
         after = [e for e in read_jsonl(run.run_dir / "evals.jsonl") if e.get("name") == "held-out"]
         if after:
             s["held-out"] = on_shared_tasks(baseline[0], after[-1])
+            # at the learn run's length, the point also meets the default configuration head to head:
+            # the same "before", tasks and episode seeds, so a paired test over tasks compares the two
+            if learn_after and learn_after[-1]["step"] == after[-1]["step"]:
+                s["against_learn_run"] = on_shared_tasks(learn_after[-1], after[-1])
         curve = s["curve"]
         s["groups_mixed"] = sum(m["groups_mixed"] or 0 for m in curve) / max(1, sum(m["groups"] or 0 for m in curve))
         points[name] = {"what": what, **s}
@@ -116,6 +127,10 @@ def main() -> None:
         ho = s.get("held-out") or {}
         print(f"{name}: slope {s['reward_slope']['value']:+.3f} held-out {ho.get('before', {}).get('pass_at_1')} -> "
               f"{ho.get('after', {}).get('pass_at_1')} p={ho.get('p_value')}", flush=True)
+        if "against_learn_run" in s:
+            vs = s["against_learn_run"]
+            print(f"{name} against the learn run after {args.steps} steps: {vs['before']['pass_at_1']} -> "
+                  f"{vs['after']['pass_at_1']} ({vs['wins']}/{vs['losses']}/{vs['ties']}) p={vs['p_value']}", flush=True)
     print(f"wrote {args.out}")
 
 
