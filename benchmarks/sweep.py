@@ -17,7 +17,7 @@ The points vary what this scale asks to choose by measurement: the learning rate
 fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
 (0 = plain GRPO, where a group with one compiling answer and nothing passing gets +-1.7 advantages
 from a 0.1 shaping term). The sampling temperature is not swept: another temperature is another
-zone measurement (~50 min here), unless the point keeps the zone of T=0.7; T=1 was measured once (3 replies in 4 held no code).
+zone measurement (~50 min here); T=1 was measured once (3 replies in 4 held no code).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "lr-3e-6": ("lr 3e-6", {"lr": 3e-6}, {}),
     "std-floor-0": ("plain GRPO: advantages divided by the group's std, no floor", {"adv_std_floor": 0.0}, {}),
     "lora-1e-4": ("LoRA r=16 on the attention projections, lr 1e-4", {"lora": True, "lr": 1e-4}, {}),
+    # the negative control of the default: the same updates without the reward's information
+    "shuffled-rewards": ("the default with rewards shuffled within each group", {"shuffle_rewards": True}, {}),
     # the default until this sweep chose six groups of four
     "groups-4x6": ("4 groups of 6 a step (same 24 episodes)", {}, {"tasks_per_step": 4, "group_size": 6}),
     # the point that became the default (now the same as `default`), under the name its results carry

@@ -139,8 +139,8 @@ class TaskStore:
     # ---- reading -------------------------------------------------------------
 
     def build_state(self, source: str) -> str | None:
-        """"started", "done", or None where no build of `source` was recorded (none ran, or the
-        tasks were added by hand)."""
+        """How far the recorded build of `source` got: "started", "done", or None where none was
+        recorded (none ran, or the tasks were added by hand)."""
         path = f"builds/{source}.json"
         return self._read_json(path)["state"] if self.fs.exists(f"{self.base}/{path}") else None
 
