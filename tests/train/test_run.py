@@ -109,6 +109,33 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert learner["model"]["w"] == 3 and state["step"] == 3
 
 
+def test_a_checkpoint_that_does_not_fit_is_refused_and_the_previous_one_stays(tmp_path):
+    """A real small disk (a 4 MiB tmpfs): a save too large by its tensors is refused before a
+    byte is written; one whose bulk the estimate cannot see fills the disk and is removed. Both
+    name the directory, and the previous checkpoint stays the one to resume from."""
+    import torch
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        small = {"model": {"w": torch.zeros(2**18)}}                 # 1 MiB
+        for step in range(2):
+            checkpoint.save(disk, step, small, {}, keep=2)
+        root = disk / "checkpoints"
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=rf"step-000002 needs about 8 MiB in {root}, which has \d MiB free; step-000001 stays"):
+            checkpoint.save(disk, 2, {"model": {"w": torch.zeros(2**21)}}, {}, keep=2)
+        with pytest.raises(checkpoint.CheckpointError, match=rf"step-000002 could not be written to {root}"):
+            checkpoint.save(disk, 2, {"model": {"w": torch.zeros(4)}, "blob": b"x" * 6 * 2**20}, {}, keep=2)
+        # Room was made before writing (step 0 went), nothing half-written is left, step 1 loads.
+        assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-000001"]
+        learner, state = checkpoint.load(checkpoint.latest(disk))
+        assert state["step"] == 1 and learner["model"]["w"].shape == (2**18,)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     from tryloop.train.run import train
 

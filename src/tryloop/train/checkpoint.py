@@ -6,6 +6,13 @@
 A checkpoint directory is complete or absent: it is written under a temporary
 name, fsynced and renamed; LATEST is replaced the same way afterwards. A kill
 at any moment leaves the previous checkpoint usable.
+
+A learner's checkpoint is large (the bundled model's weights and AdamW moments
+come to 1.6 GB), so disk is spent deliberately: checkpoints older than the
+`keep - 1` newest go *before* the new one is written, so the disk never holds
+more than `keep` of them; a save that does not fit is refused up front, and one
+that fills the disk anyway is removed; either way the previous checkpoint stays
+the latest and the error names the directory and the sizes.
 """
 
 from __future__ import annotations
@@ -19,22 +26,59 @@ from typing import Any
 
 import torch
 
+from tryloop.errors import TryloopError
 from tryloop.store.trajectories import fsync_dir
+
+
+class CheckpointError(TryloopError):
+    """A checkpoint could not be written; the previous one is intact and still the latest."""
+
+    exit_code = 74  # sysexits.h EX_IOERR
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: what torch.save will write, give or take
+    the pickled structure around them."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nelement() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
 
 
 def save(run_dir: Path, step: int, learner_state: dict[str, Any], state: dict[str, Any], keep: int = 2) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
+    # Make room first, but never drop the latest: a failed save must leave one to resume from.
+    _prune(root, max(keep - 1, 1), protect=name)
+    need, free = tensor_bytes(learner_state), shutil.disk_usage(root).free
+    if need > free:
+        raise CheckpointError(f"checkpoint {name} needs about {_mb(need)} in {root}, which has {_mb(free)} free; "
+                              f"{_latest_name(root) or 'no checkpoint'} stays the latest. Free space there, or set "
+                              "store.runs_dir to a larger disk")
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(learner_state, tmp / "learner.pt")
-    rng = {"python": random.getstate(), "torch": torch.get_rng_state().tolist()}
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng}))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        tmp.mkdir()
+        torch.save(learner_state, tmp / "learner.pt")
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state().tolist()}
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng}))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as e:
+        # torch reports a full disk as a RuntimeError from its zip writer ("unexpected pos"), not as ENOSPC.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"checkpoint {name} could not be written to {root} ({e}); it needed about "
+                              f"{_mb(need)} and {_mb(free)} were free; "
+                              f"{_latest_name(root) or 'no checkpoint'} stays the latest") from e
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -42,16 +86,28 @@ def save(run_dir: Path, step: int, learner_state: dict[str, Any], state: dict[st
     latest_tmp.write_text(name)
     os.replace(latest_tmp, root / "LATEST")
     fsync_dir(root)
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, keep, protect=name)
     return final
 
 
+def _latest_name(root: Path) -> str | None:
+    pointer = root / "LATEST"
+    return pointer.read_text().strip() if pointer.exists() else None
+
+
+def _prune(root: Path, keep: int, protect: str) -> None:
+    """Remove all but the `keep` newest checkpoints; the one LATEST names is never removed."""
+    spare = {protect, _latest_name(root)}
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        if old.name not in spare:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def latest(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "LATEST"
-    if not pointer.exists():
+    name = _latest_name(run_dir / "checkpoints")
+    if name is None:
         return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    path = run_dir / "checkpoints" / name
     return path if (path / "state.json").exists() else None
 
 
