@@ -20,7 +20,7 @@ from tryloop.tasks.gate import (
 )
 from tryloop.tasks.model import Task, TaskError, TaskMeta
 from tryloop.tasks.splits import assign_split, check_leakage, split_group
-from tryloop.tasks.store import TaskNotFound, TaskStore
+from tryloop.tasks.store import StoreCorrupt, TaskNotFound, TaskStore
 from tryloop.tasks.testrun import TestRun
 
 SRC = (CALC_PROJECT / "calc" / "__init__.py").read_text()
@@ -139,6 +139,31 @@ def test_store_versions_queries_stats_and_errors(tmp_path):
     assert store.rejections()[0]["reason"] == "flaky"
     with pytest.raises(TaskNotFound, match="no task"):
         store.get("nope/nope")
+
+
+def test_a_damaged_store_file_is_named_and_nothing_stored_is_lost(tmp_path):
+    store = TaskStore(tmp_path / "store")
+    e = store.add(make_task(tmp_path / "w"))
+    store.record_rejection("x/y", "mutation", "mutation:binop", "flaky", "because")
+    store.set_build_state("mutation", "started")
+    index = tmp_path / "store" / "index" / f"{e.fingerprint}.json"
+    good = index.read_text()
+    index.write_text(good[:40])                                   # cut short by a copy gone wrong
+    with pytest.raises(StoreCorrupt, match=rf"task store file {index} is not valid JSON"):
+        store.query()
+    index.write_text(good)
+    rejections = tmp_path / "store" / "rejections.jsonl"
+    rejections.write_text(rejections.read_text() + "{not json\n")
+    with pytest.raises(StoreCorrupt, match=rf"{rejections}, line 2 is not valid JSON"):
+        store.decided_ids("mutation")
+    rejections.write_text(rejections.read_text().splitlines()[0] + "\n")
+    build = tmp_path / "store" / "builds" / "mutation.json"
+    for damaged, match in (("{", "is not valid JSON"), ('{"state": "half"}', "state is 'half'")):
+        build.write_text(damaged)
+        with pytest.raises(StoreCorrupt, match=rf"task store file {build}.*{match}"):
+            store.build_state("mutation")
+    assert store.decided_ids("mutation") == {"calc/add-minus", "x/y"}   # the rest reads as before
+    assert store.get("calc/add-minus").fingerprint() == e.fingerprint
 
 
 def test_store_works_over_a_non_local_fsspec_url(tmp_path):

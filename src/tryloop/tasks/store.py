@@ -37,6 +37,12 @@ class TaskNotFound(TryloopError, KeyError):
         return self.args[0]
 
 
+class StoreCorrupt(TryloopError):
+    """A file of the task store cannot be read; the message names it."""
+
+    exit_code = 65  # sysexits.h EX_DATAERR
+
+
 @dataclass(frozen=True)
 class Entry:
     """One task version as the index records it."""
@@ -142,7 +148,13 @@ class TaskStore:
         """How far the recorded build of `source` got: "started", "done", or None where none was
         recorded (none ran, or the tasks were added by hand)."""
         path = f"builds/{source}.json"
-        return self._read_json(path)["state"] if self.fs.exists(f"{self.base}/{path}") else None
+        if not self.fs.exists(f"{self.base}/{path}"):
+            return None
+        state = self._read_json(path).get("state")
+        if state not in ("started", "done"):
+            raise StoreCorrupt(f"task store file {self.base}/{path}: state is {state!r}, not 'started' or 'done'; "
+                               "remove it to have the source's build treated as hand-made, or set it")
+        return state
 
     def decided_ids(self, source: str) -> set[str]:
         """Ids of `source` the store has admitted or rejected: what a resumed build does not gate again."""
@@ -152,7 +164,7 @@ class TaskStore:
     def entries(self) -> list[Entry]:
         out = []
         for path in sorted(self.fs.glob(f"{self.base}/index/*.json")):
-            doc = json.loads(self.fs.cat_file(path))
+            doc = self._parse(path)
             out.append(Entry(doc["id"], doc["fingerprint"], TaskMeta.model_validate(doc["meta"]),
                              doc["added"], doc.get("gate", {})))
         return out
@@ -208,7 +220,8 @@ class TaskStore:
         path = f"{self.base}/rejections.jsonl"
         if not self.fs.exists(path):
             return []
-        return [json.loads(line) for line in self.fs.cat_file(path).decode().splitlines() if line.strip()]
+        return [self._parse(path, line, n) for n, line in enumerate(self.fs.cat_file(path).decode().splitlines(), 1)
+                if line.strip()]
 
     # ---- helpers ---------------------------------------------------------------
 
@@ -220,4 +233,14 @@ class TaskStore:
         self.fs.mv(tmp, path)
 
     def _read_json(self, rel: str) -> dict[str, Any]:
-        return json.loads(self.fs.cat_file(f"{self.base}/{rel}"))
+        return self._parse(f"{self.base}/{rel}")
+
+    def _parse(self, path: str, text: str | bytes | None = None, line: int | None = None) -> Any:
+        """JSON from a store file (or one line of it), or an error naming the file: a store is
+        written atomically, so a bad file was damaged outside tryloop."""
+        try:
+            return json.loads(self.fs.cat_file(path) if text is None else text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            where = f"{path}, line {line}" if line else path
+            raise StoreCorrupt(f"task store file {where} is not valid JSON ({e}); it was changed outside "
+                               "tryloop: restore it, or remove it and what it recorded with it") from None
