@@ -1,6 +1,7 @@
 """Which hyperparameters fit the default run? Short training runs side by side on one suite.
 
-    python benchmarks/sweep.py [--root /var/lib/tryloop/learning] [--steps 4] [--points a,b] [--out FILE]
+    python benchmarks/sweep.py [--root /var/lib/tryloop/learning] [--steps 4] [--points a,b] [--seed N]
+                               [--out FILE]
 
 Runs after `benchmarks/learning.py` on the same --root: it reuses that suite, its learning-zone
 measurement (the same weights, temperature and k give the same key, so nothing is measured again) and
@@ -12,6 +13,11 @@ sign test over tasks, and the wall time of its steps. Run at the learn run's len
 meets the default configuration head to head: its "after" against the learn run's, the same paired
 test over the same tasks (`against_learn_run`). A point that finished is kept in the output and
 not run again (delete its run directory, runs/sweep-NAME-STEPS-steps, to rerun it).
+
+`--seed N` (default 0, the learn run's) runs the points again with another run seed: other tasks
+drawn, other episode seeds, other shuffles, under the keys NAME-seed-N (runs/sweep-NAME-STEPS-steps-seed-N).
+One training run per configuration says nothing about how much its result varies between seeds;
+the negative control needs this most, as its expected gain is nil.
 
 The points vary what this scale asks to choose by measurement: the learning rate of full
 fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
@@ -72,6 +78,7 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=50, help="held-out zone tasks evaluated after each point "
                     "(train.eval_tasks; its 'before' is the learn run's on the same tasks)")
     ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated, of: {', '.join(POINTS)}")
+    ap.add_argument("--seed", type=int, default=0, help="train.seed of the points' runs (0: the learn run's)")
     ap.add_argument("--out", type=Path, default=HERE / "results-sweep.json")
     args = ap.parse_args()
     names = [n for n in args.points.split(",") if n]
@@ -102,15 +109,19 @@ def main() -> None:
             print(event, json.dumps({k: v for k, v in data.items() if k not in ("tasks", "rows", "trajectory")},
                                     default=str)[:300], flush=True)
 
-    for name in names:
-        what, algo_up, train_up = POINTS[name]
+    seeded = f"-seed-{args.seed}" if args.seed else ""
+    for point in names:
+        what, algo_up, train_up = POINTS[point]
+        name = point + seeded
         if points.get(name, {}).get("steps") == args.steps:
             continue
         algo = cfg.train.algo.model_copy(update=algo_up)
-        # the run's id names its length: a run of other length is another run, not one to resume
-        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{name}-{args.steps}-steps", "algo": algo,
+        # the run's id names its length and seed: a run of another is another run, not one to resume
+        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{point}-{args.steps}-steps{seeded}", "algo": algo,
                                             "steps": args.steps, "eval_every": args.steps, "eval_at_start": False,
-                                            "eval_tasks": args.eval_tasks, "check_source": None, **train_up})
+                                            "eval_tasks": args.eval_tasks, "check_source": None, "seed": args.seed,
+                                            "zone_seed": cfg.train.seed,   # the learn run's zone, measured once
+                                            **train_up})
         print(f"== {name}: {what}", flush=True)
         t0 = time.perf_counter()
         run = asyncio.run(train(cfg, tcfg, resume=True, hook=log))
@@ -124,7 +135,7 @@ def main() -> None:
                 s["against_learn_run"] = on_shared_tasks(learn_after[-1], after[-1])
         curve = s["curve"]
         s["groups_mixed"] = sum(m["groups_mixed"] or 0 for m in curve) / max(1, sum(m["groups"] or 0 for m in curve))
-        points[name] = {"what": what, **s}
+        points[name] = {"what": what, "seed": args.seed, **s}
         args.out.write_text(json.dumps(result, indent=1, default=str))
         ho = s.get("held-out") or {}
         print(f"{name}: slope {s['reward_slope']['value']:+.3f} held-out {ho.get('before', {}).get('pass_at_1')} -> "

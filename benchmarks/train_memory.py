@@ -1,12 +1,18 @@
 """Peak memory of the whole train process, step by step: the train loop as it is, side by side with
 the loop without parking the engine (its weights kept through the update), with the prefix cache a
 multi-turn run keeps (every finished sequence, up to 1 GB) in a single-turn run, with oneDNN's
-caches of bf16 matmul kernels at their default capacity, and without any of its memory measures
+caches of bf16 matmul kernels at their default capacity, without any of its memory measures
 (the engine's prefix cache and weights kept through the update, no lean heap, the engine loading a
-full copy of the exported weights, the default caches).
+full copy of the exported weights, the default caches), and with AdamW's moments kept through the
+final evaluations (the learner not finished after the last checkpoint).
 
-    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--eval-tasks N]
+    python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--eval-tasks N] [--final]
                                       [--configs train_loop,without_park] [--out FILE]
+
+`--final` runs the steps to the end of the run, as `tryloop train` does: after the last step come
+its final evaluations (`--eval-tasks` held-out tasks and the config's check set, `train.check_source`),
+with no evaluation before the first step; each configuration then also reports its process's peak
+RSS over the whole run (`process_peak_mb`), evaluations included.
 
 `--config` names a tryloop config whose task store holds a suite (`tryloop tasks build-default`),
 with the learning zone of the default model measured in it (the first `tryloop train` there, or
@@ -33,14 +39,17 @@ HERE = Path(__file__).resolve().parent
 #: the loop as it is; without parking the engine (its prefix cache is still dropped); with a multi-turn
 #: run's prefix cache; with oneDNN's caches at their default capacity (1024 shapes); without any of
 #: the memory measures.
+#: the memory measures; with AdamW's moments resident through the final evaluations (use with --final).
 CONFIGS = ("train_loop", "without_park", "multi_turn_prefix_cache", "onednn_default_caches",
-           "without_memory_measures")
+           "without_memory_measures", "without_finish")
 
 
-def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int = 0) -> list[dict]:
-    """One configuration, in this process: the per-step rows of its run."""
+def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int = 0,
+            final: bool = False) -> dict:
+    """One configuration, in this process: the per-step rows of its run and the process's peak RSS."""
     import asyncio
     import contextlib
+    import resource
 
     import tryloop.cli.main  # noqa: F401  (the CLI's import order)
     import tryloop.train.run as run
@@ -67,6 +76,10 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
         Engine.update_weights = from_a_copy
     elif name == "without_park":
         Engine.park = Engine.drop_prefix_cache      # the engine keeps its weights through the update
+    elif name == "without_finish":
+        from tryloop.train.update import Learner
+
+        Learner.finish = lambda self: None          # AdamW's moments stay through the final evaluations
     if name in ("onednn_default_caches", "without_memory_measures"):
         import os
 
@@ -86,12 +99,20 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
     cfg = load_yaml(config)
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})
     run_id = f"memory-{name}-{int(time.time())}"
-    tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps + 1, "eval_at_start": eval_tasks > 0,
-                                        "eval_tasks": eval_tasks or None, "eval_every": 10_000,
-                                        "check_source": None})   # no final evaluation
-    result = asyncio.run(run.train(cfg, tcfg, stop_after_step=steps - 1))
-    return [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
+    if final:   # the whole run: its steps, then the final evaluations
+        tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps, "eval_at_start": False,
+                                            "eval_tasks": eval_tasks, "eval_every": 10_000})
+        result = asyncio.run(run.train(cfg, tcfg))
+    else:       # the steps alone: the run stops before its last step and its final evaluation
+        tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps + 1, "eval_at_start": eval_tasks > 0,
+                                            "eval_tasks": eval_tasks or None, "eval_every": 10_000,
+                                            "check_source": None})
+        result = asyncio.run(run.train(cfg, tcfg, stop_after_step=steps - 1))
+    rows = [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
             for row in result.metrics]
+    evals = [{k: row.get(k) for k in ("step", "name", "episodes", "pass_at_1")} for row in result.evals]
+    return {"steps": rows, "evals": evals,
+            "process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # KiB on Linux
 
 
 def main() -> None:
@@ -99,7 +120,10 @@ def main() -> None:
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--eval-tasks", type=int, default=0,
-                    help="held-out tasks evaluated before the first step (default 0: no evaluation)")
+                    help="held-out tasks evaluated before the first step, or with --final after the last "
+                         "(default 0: none)")
+    ap.add_argument("--final", action="store_true",
+                    help="run to the end, final evaluations included, and report each process's peak")
     ap.add_argument("--out", type=Path, default=HERE / "results-train-memory.json")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma-separated, run side by side (default: all of {', '.join(CONFIGS)})")
@@ -110,12 +134,12 @@ def main() -> None:
     if not configs or set(configs) - set(CONFIGS) or "train_loop" not in configs:
         ap.error(f"--configs: train_loop and any of {', '.join(CONFIGS[1:])}")
     if args.one:
-        print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir, args.eval_tasks)))
+        print(json.dumps(run_one(args.one, args.config, args.steps, args.runs_dir, args.eval_tasks, args.final)))
         return
     with tempfile.TemporaryDirectory(prefix="tryloop-train-memory-") as runs_dir:
         procs = {name: subprocess.Popen([sys.executable, __file__, "--one", name, "--config", str(args.config),
                                          "--steps", str(args.steps), "--runs-dir", runs_dir,
-                                         "--eval-tasks", str(args.eval_tasks)],
+                                         "--eval-tasks", str(args.eval_tasks), *(["--final"] if args.final else [])],
                                         stdout=subprocess.PIPE, text=True) for name in configs}
         rows = {}
         for name, p in procs.items():
@@ -124,10 +148,14 @@ def main() -> None:
                 raise SystemExit(f"{name}: exit {p.returncode}")
             rows[name] = json.loads(out.strip().splitlines()[-1])
     result = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "eval_tasks": args.eval_tasks,
-              **{name: {"peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs), "steps": rs}
-                 for name, rs in rows.items()}}
+              "final": args.final,
+              **{name: {"peak_rss_mb_max": max(r["peak_rss_mb"] for r in out["steps"]), **out}
+                 for name, out in rows.items()}}
     result["peak_ratio"] = {f"train_loop/{name}": result["train_loop"]["peak_rss_mb_max"] / result[name]["peak_rss_mb_max"]
                             for name in configs if name != "train_loop"}
+    result["process_peak_ratio"] = {
+        f"train_loop/{name}": result["train_loop"]["process_peak_mb"] / result[name]["process_peak_mb"]
+        for name in configs if name != "train_loop"}
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 

@@ -226,6 +226,21 @@ def test_checkpoint_round_trip(model, lora):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+def test_finish_frees_the_optimizer_state_and_the_reference_and_keeps_the_weights(model):
+    trajs = episodes(model, 4)
+    learner = Learner(model, TrainConfig(kl_coef=0.1, lr=1e-2, micro_batch=2))
+    learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+    moments = sum(v.numel() for st in learner.optimizer.state.values() for v in st.values() if v.dim())
+    assert moments == 2 * sum(p.numel() for p in learner.params) and learner.ref_model is not None
+    kept, lps = weights(model), learner.logprobs(trajs)
+    learner.finish()
+    assert not learner.optimizer.state and learner.ref_model is None
+    assert all(torch.equal(kept[k], v) for k, v in weights(model).items())
+    assert learner.logprobs(trajs) == lps                  # evaluation and export still work
+    with pytest.raises(RuntimeError, match="finished"):
+        learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
+
+
 def test_selected_logprobs_match_the_full_log_softmax_and_its_gradient(model):
     from tryloop.train import update
 

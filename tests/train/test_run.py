@@ -260,9 +260,9 @@ DRIVER = textwrap.dedent("""
     from tryloop.config import load_yaml
     from tryloop.train.run import train
     cfg = load_yaml(sys.argv[1])
-    kill_after = int(sys.argv[2])
+    kill_after = sys.argv[2]   # a step number, or "eval": the first evaluation episode
     def hook(event, data):
-        if event == "step" and data["step"] == kill_after:
+        if (event == "step" and str(data["step"]) == kill_after) or (event == "eval_episode" and kill_after == "eval"):
             os.kill(os.getpid(), signal.SIGKILL)
     asyncio.run(train(cfg, cfg.train, resume="--resume" in sys.argv, hook=hook))
 """)
@@ -309,6 +309,31 @@ def test_resume_after_sigkill_continues_like_an_uninterrupted_run(train_root, tm
     assert learner_steps(run_b) == learner_steps(train_root / "runs" / "a")
     if mb[2].get("learn_optimizer_steps", 0):
         assert weights_digest(run_b) != digest_before_kill   # step 2 updated the resumed weights
+
+
+def test_a_kill_during_the_final_evaluation_resumes_the_evaluation_alone(train_root, tmp_path):
+    """The last step is checkpointed before its evaluations (they run with the optimizer state
+    freed): killed during them, the run is resumed without redoing the step, and the evaluation
+    continues from the episodes it had stored."""
+    from tryloop.store.trajectories import TrajectoryStore
+
+    cfg = write_config(train_root, "final.yaml", run_id="final", steps=1, eval_tasks=1, eval_k=2)
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    killed = subprocess.run([sys.executable, str(script), str(cfg), "eval"], timeout=900)
+    assert killed.returncode == -signal.SIGKILL
+    run = train_root / "runs" / "final"
+    assert checkpoint.latest(run).name == "step-000000" and not (run / "evals.jsonl").exists()
+    store = TrajectoryStore(str(train_root / "traj"))
+    metrics, episodes = (run / "metrics.jsonl").read_text(), store.read(run_id="final")
+    assert len(store.read(run_id="final-eval-0")) == 1            # stored before the kill
+    subprocess.run([sys.executable, str(script), str(cfg), "-1", "--resume"], check=True, timeout=900)
+    assert (run / "metrics.jsonl").read_text() == metrics          # the step was not run again
+    assert [t.episode_id for t in store.read(run_id="final")] == [t.episode_id for t in episodes]
+    evals = [json.loads(x) for x in (run / "evals.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["name"], r["episodes"]) for r in evals] == [(0, "held-out", 2)]
+    assert len(store.read(run_id="final-eval-0")) == 2             # one more, none twice
+    assert checkpoint.latest(run).name == "step-000000"
 
 
 @pytest.fixture(scope="module")

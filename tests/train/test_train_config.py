@@ -64,3 +64,15 @@ def test_overlap_turns_the_correction_on_and_refuses_servers_without_versions():
     with pytest.raises(ValueError, match="does not say which weights sampled each completion"):
         TrainRunConfig.model_validate({"overlap": True, "sampler": {"endpoints": ["http://s:8000"], "kind": "vllm",
                                                                     "weights_dir": "/w"}})
+
+
+def test_runs_of_other_seeds_share_one_zone_only_when_its_seed_is_pinned():
+    from tryloop.train.run_config import TrainRunConfig
+    from tryloop.train.zone import zone_key_for, zone_seed_of
+
+    base = TrainRunConfig()
+    other = base.model_copy(update={"seed": 3})
+    pinned = other.model_copy(update={"zone_seed": 0})
+    assert zone_key_for(other, "w") != zone_key_for(base, "w")           # a pass rate holds for its seed
+    assert zone_key_for(pinned, "w") == zone_key_for(base, "w") and zone_seed_of(pinned) == 0
+    assert zone_key_for(pinned.model_copy(update={"zone_k": 5}), "w") != zone_key_for(base, "w")

@@ -10,7 +10,8 @@ interrupted step that were already stored are read back, not rerun, so no
 episode is lost or counted twice; episode seeds depend only on (run seed,
 step, task, sample), so the continuation matches an uninterrupted run.
 The reward version must have passed the regression gate, checked at start and
-on resume.
+on resume. The last step is checkpointed before its evaluations, which then run
+without the optimizer's state; a resume after it runs the evaluations missing.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
-    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for
+    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for, zone_seed_of
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -329,7 +330,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             _set_meta(runner, remote, weights=policy.version)
             counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
                                    temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
-                                   spec=spec, trajectories=trajectories, seed=tcfg.seed,
+                                   spec=spec, trajectories=trajectories, seed=zone_seed_of(tcfg),
                                    on_done=lambda t: emit("zone_episode", {"trajectory": t}))
             _set_meta(runner)
             _raise_fatal(runner)
@@ -372,8 +373,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         _truncate_jsonl(evals_path, start)
         result.steps_done = start
 
+        done_evals = {(r["step"], r.get("name", "held-out")) for r in read_jsonl(evals_path)}
+
         async def evaluation(step: int, name: str, tasks: list[Task], k: int, temperature: float) -> None:
-            if not tasks:
+            if not tasks or (step, name) in done_evals:   # a resumed run keeps what was evaluated
                 return
             run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
@@ -399,12 +402,15 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             if final:
                 await evaluation(step, tcfg.check_source or "check", check_tasks, 1, 0.0)
 
-        done_evals = {(r["step"], r.get("name", "held-out")) for r in read_jsonl(evals_path)}
+        async def final_evaluations(step: int) -> None:
+            learner.finish()   # no step follows: its optimizer state is in the checkpoint
+            memory.release()
+            await evaluations(step, final=True)
+
         if tcfg.eval_at_start and start == 0:
-            if (-1, "held-out") not in done_evals:
-                await evaluation(-1, "held-out", eval_tasks, tcfg.eval_k, eval_t)
-            if check_tasks and (-1, tcfg.check_source) not in done_evals:
-                await evaluation(-1, tcfg.check_source or "check", check_tasks, 1, 0.0)
+            await evaluations(-1, final=True)
+        if start == tcfg.steps:   # resumed after the last checkpoint: its evaluations may be unfinished
+            await final_evaluations(start - 1)
 
         # Every weights version this run pushed -> its index (step s trains from index s).
         versions = {loaded.weights_version: 0, **{f"step-{j}": j + 1 for j in range(start)}}
@@ -564,11 +570,19 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 if isinstance(row.get(name), (int, float)):
                     gauge.set(row[name])
             result.metrics.append(row)
-            if (step + 1) % tcfg.eval_every == 0 or step == tcfg.steps - 1:
-                await evaluations(step, final=step == tcfg.steps - 1)
-            await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
-                                    {"curriculum": cur_state, "manifest": manifest},
-                                    tcfg.keep_checkpoints)
+            ckpt_state = {"curriculum": cur_state, "manifest": manifest}
+            if step == tcfg.steps - 1:
+                # The last step is checkpointed before its evaluations, so they run without AdamW's
+                # moments (twice the weights); a resume runs whichever of them are missing.
+                await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(), ckpt_state,
+                                        tcfg.keep_checkpoints)
+                await final_evaluations(step)
+            else:
+                # A kill during an evaluation redoes the step on resume: the checkpoint comes after.
+                if (step + 1) % tcfg.eval_every == 0:
+                    await evaluations(step, final=False)
+                await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(), ckpt_state,
+                                        tcfg.keep_checkpoints)
             result.steps_done = step + 1
             emit("step", row)
             if stop_after_step is not None and step >= stop_after_step:

@@ -81,6 +81,8 @@ class TrainRunConfig(_Model):
     zone_k: int = Field(3, ge=1, description="samples per task when measuring the zone")
     zone_lo: float = Field(0.05, ge=0, le=1, description="lowest pass rate in the zone")
     zone_hi: float = Field(0.70, ge=0, le=1, description="highest pass rate in the zone")
+    zone_seed: int | None = Field(None, description="seed of the zone measurement (None: train.seed): runs "
+                                                    "of other seeds can share one measured zone")
     steps: int = Field(8, ge=1, description="optimizer steps (one per rollout batch)")
     # 6 groups of 4 over 4 of 6 (the same 24 episodes): more tasks a step learned more in the sweep
     # (benchmarks/README.md, "sweep.py"), though groups of 4 are mixed a little less often

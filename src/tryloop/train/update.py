@@ -140,6 +140,7 @@ class Learner:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.requires_grad_(False).eval()
         self.optimizer_steps = 0
+        self.finished = False
         self.amp = cfg.amp == "bf16" or (cfg.amp == "auto" and bf16_supported(self.device))
 
     def _pad_id(self) -> int:
@@ -227,6 +228,8 @@ class Learner:
              advantages: Sequence[float | Sequence[float] | None]) -> dict[str, float]:
         """Train on every trajectory whose advantage is not None (one per episode, or one per turn);
         return metrics."""
+        if self.finished:
+            raise RuntimeError("this learner was finished: its optimizer state is gone (load a checkpoint into a new one)")
         cfg = self.config
         t0 = time.perf_counter()
         kept = [(t, a) for t, a in zip(trajectories, advantages, strict=True) if a is not None]
@@ -323,6 +326,14 @@ class Learner:
         }
         metrics.setdefault("kl", 0.0)
         return metrics
+
+    def finish(self) -> None:
+        """Free what only further steps need: AdamW's moments (twice the trainable weights) and a
+        KL reference copy. Call it once no step follows and the state is checkpointed; the weights
+        stay, for evaluation and export."""
+        self.optimizer.state.clear()
+        self.ref_model = None
+        self.finished = True
 
     # --- checkpoints and export ---------------------------------------------
 

@@ -26,8 +26,12 @@ def zone_key_for(tcfg: TrainRunConfig, weights_version: str) -> str:
     from tryloop.agent.episode import ANSWER_ONLY_PROMPT, SYSTEM_PROMPT
 
     setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT,
-                        "zone-seed-v2", tcfg.seed])
+                        "zone-seed-v2", zone_seed_of(tcfg)])
     return zone_key(weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
+
+
+def zone_seed_of(tcfg: TrainRunConfig) -> int:
+    return tcfg.seed if tcfg.zone_seed is None else tcfg.zone_seed
 
 
 def sampler_policy(loaded, tcfg: TrainRunConfig, engine=None):
@@ -113,5 +117,6 @@ async def measure_zone(cfg: TryloopConfig, tcfg: TrainRunConfig, tasks: list[Tas
                            TaskStore(cfg.tasks.store_url), key=key, k=tcfg.zone_k,
                            temperature=tcfg.policy.temperature, limits=tcfg.limits,
                            runner=ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency)), spec=cfg.rewards.spec,
-                           trajectories=TrajectoryStore(cfg.store.trajectories_url), seed=tcfg.seed, on_done=on_done)
+                           trajectories=TrajectoryStore(cfg.store.trajectories_url), seed=zone_seed_of(tcfg),
+                           on_done=on_done)
     return ZoneMeasurement(key, Band(tcfg.zone_lo, tcfg.zone_hi), tasks, counts, time.perf_counter() - t0)
