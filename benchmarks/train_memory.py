@@ -11,8 +11,9 @@ final evaluations (the learner not finished after the last checkpoint).
 
 `--final` runs the steps to the end of the run, as `tryloop train` does: after the last step come
 its final evaluations (`--eval-tasks` held-out tasks and the config's check set, `train.check_source`),
-with no evaluation before the first step; each configuration then also reports its process's peak
-RSS over the whole run (`process_peak_mb`), evaluations included.
+with no evaluation before the first step. Each configuration then also reports the peak RSS of
+the final evaluations alone (`final_eval_peak_mb`: the kernel's high-water mark is reset as they
+begin, /proc/self/clear_refs) and of its whole process (`process_peak_mb`).
 
 `--config` names a tryloop config whose task store holds a suite (`tryloop tasks build-default`),
 with the learning zone of the default model measured in it (the first `tryloop train` there, or
@@ -49,7 +50,6 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
     """One configuration, in this process: the per-step rows of its run and the process's peak RSS."""
     import asyncio
     import contextlib
-    import resource
 
     import tryloop.cli.main  # noqa: F401  (the CLI's import order)
     import tryloop.train.run as run
@@ -76,10 +76,19 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
         Engine.update_weights = from_a_copy
     elif name == "without_park":
         Engine.park = Engine.drop_prefix_cache      # the engine keeps its weights through the update
-    elif name == "without_finish":
+    marks: dict[str, float] = {}
+    if final:
         from tryloop.train.update import Learner
 
-        Learner.finish = lambda self: None          # AdamW's moments stay through the final evaluations
+        finish = Learner.finish if name != "without_finish" else lambda self: None   # moments kept
+
+        def finish_and_mark(self: Learner) -> None:   # the final evaluations begin right after
+            marks["before_final_eval_peak_mb"] = _status_mb("VmHWM")
+            finish(self)
+            marks["final_eval_start_mb"] = _status_mb("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")   # the high-water mark from here on
+
+        Learner.finish = finish_and_mark
     if name in ("onednn_default_caches", "without_memory_measures"):
         import os
 
@@ -111,8 +120,19 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
     rows = [{k: row.get(k) for k in ("step", "peak_rss_mb", "time_update_s", "time_rollout_wall_s", "episodes")}
             for row in result.metrics]
     evals = [{k: row.get(k) for k in ("step", "name", "episodes", "pass_at_1")} for row in result.evals]
-    return {"steps": rows, "evals": evals,
-            "process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # KiB on Linux
+    out = {"steps": rows, "evals": evals}
+    if final:
+        out |= marks | {"final_eval_peak_mb": _status_mb("VmHWM")}
+        out["process_peak_mb"] = max(out["before_final_eval_peak_mb"], out["final_eval_peak_mb"])
+    return out
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024   # kB
+    raise KeyError(field)
 
 
 def main() -> None:
@@ -153,9 +173,11 @@ def main() -> None:
                  for name, out in rows.items()}}
     result["peak_ratio"] = {f"train_loop/{name}": result["train_loop"]["peak_rss_mb_max"] / result[name]["peak_rss_mb_max"]
                             for name in configs if name != "train_loop"}
-    result["process_peak_ratio"] = {
-        f"train_loop/{name}": result["train_loop"]["process_peak_mb"] / result[name]["process_peak_mb"]
-        for name in configs if name != "train_loop"}
+    if args.final:
+        for key in ("final_eval_peak_mb", "process_peak_mb"):
+            result[key.replace("_mb", "_ratio")] = {
+                f"train_loop/{name}": result["train_loop"][key] / result[name][key]
+                for name in configs if name != "train_loop"}
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
