@@ -17,7 +17,10 @@ not run again (delete its run directory, runs/sweep-NAME-STEPS-steps, to rerun i
 `--seed N` (default 0, the learn run's) runs the points again with another run seed: other tasks
 drawn, other episode seeds, other shuffles, under the keys NAME-seed-N (runs/sweep-NAME-STEPS-steps-seed-N).
 One training run per configuration says nothing about how much its result varies between seeds;
-the negative control needs this most, as its expected gain is nil.
+the negative control needs this most, as its expected gain is nil. A point run with two seeds or
+more also gets `seeds_pooled`: its runs' "after" evaluations pooled task by task (passes and
+attempts summed) with the same paired test against the "before", and a negative control's pooled
+"after" against the point it controls (`CONTROL_OF`).
 
 The points vary what this scale asks to choose by measurement: the learning rate of full
 fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
@@ -51,6 +54,17 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # the point that became the default (now the same as `default`), under the name its results carry
     "groups-6x4": ("6 groups of 4 a step (same 24 episodes)", {}, {"tasks_per_step": 6, "group_size": 4}),
 }
+
+
+#: a negative control -> the points it is the control of (the first whose run exists at this length)
+CONTROL_OF = {"shuffled-rewards": ("default", "groups-6x4")}
+
+
+def pooled(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' evaluations as one: each task's passes and attempts summed over the runs."""
+    shared = set.intersection(*(set(e["tasks"]) for e in evals))
+    return {"tasks": {t: [sum(e["tasks"][t][0] for e in evals), sum(e["tasks"][t][1] for e in evals)]
+                      for t in sorted(shared)}}
 
 
 def on_shared_tasks(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +158,37 @@ def main() -> None:
             vs = s["against_learn_run"]
             print(f"{name} against the learn run after {args.steps} steps: {vs['before']['pass_at_1']} -> "
                   f"{vs['after']['pass_at_1']} ({vs['wins']}/{vs['losses']}/{vs['ties']}) p={vs['p_value']}", flush=True)
+    # Points run with several seeds: their "after" evaluations pooled task by task, against the
+    # "before" and, for a negative control, against the point it controls (its seed-0 run).
+    runs_dir = cfg.store.runs_dir
+
+    def after_of(run_id: str) -> dict[str, Any] | None:
+        path = runs_dir / run_id / "evals.jsonl"
+        rows = [e for e in read_jsonl(path) if e.get("name") == "held-out" and e["step"] == args.steps - 1] \
+            if path.exists() else []
+        return rows[-1] if rows else None
+
+    for point in POINTS:
+        seeds = sorted({v.get("seed", 0) for k, v in points.items() if (k == point or k.startswith(f"{point}-seed-"))
+                        and v.get("steps") == args.steps})
+        evals = [(seed, after_of(f"sweep-{point}-{args.steps}-steps{f'-seed-{seed}' if seed else ''}")) for seed in seeds]
+        evals = [(seed, e) for seed, e in evals if e is not None]
+        if len(evals) < 2:
+            continue
+        together = pooled([e for _, e in evals])
+        entry: dict[str, Any] = {"seeds": [seed for seed, _ in evals],
+                                 "held-out": on_shared_tasks(baseline[0], together)}
+        for real in CONTROL_OF.get(point, ()):
+            real_after = after_of(f"sweep-{real}-{args.steps}-steps")
+            if real_after is not None:
+                entry["against_" + real] = on_shared_tasks(together, real_after)
+                break
+        result.setdefault("seeds_pooled", {})[point] = entry
+        ho = entry["held-out"]
+        print(f"{point}, seeds {entry['seeds']} pooled: held-out {ho['before']['pass_at_1']:.3f} -> "
+              f"{ho['after']['pass_at_1']:.3f} ({ho['wins']}/{ho['losses']}/{ho['ties']}) p={ho['p_value']:.3g}",
+              flush=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {args.out}")
 
 
