@@ -60,6 +60,12 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 CONTROL_OF = {"shuffled-rewards": ("default", "groups-6x4")}
 
 
+def run_id(point: str, steps: int, seed: int = 0) -> str:
+    """A point's run: its id names its length and seed, so a run of another is another run, not
+    one to resume."""
+    return f"sweep-{point}-{steps}-steps" + (f"-seed-{seed}" if seed else "")
+
+
 def pooled(evals: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' evaluations as one: each task's passes and attempts summed over the runs."""
     shared = set.intersection(*(set(e["tasks"]) for e in evals))
@@ -130,8 +136,7 @@ def main() -> None:
         if points.get(name, {}).get("steps") == args.steps:
             continue
         algo = cfg.train.algo.model_copy(update=algo_up)
-        # the run's id names its length and seed: a run of another is another run, not one to resume
-        tcfg = cfg.train.model_copy(update={"run_id": f"sweep-{point}-{args.steps}-steps{seeded}", "algo": algo,
+        tcfg = cfg.train.model_copy(update={"run_id": run_id(point, args.steps, args.seed), "algo": algo,
                                             "steps": args.steps, "eval_every": args.steps, "eval_at_start": False,
                                             "eval_tasks": args.eval_tasks, "check_source": None, "seed": args.seed,
                                             "zone_seed": cfg.train.seed,   # the learn run's zone, measured once
@@ -162,8 +167,8 @@ def main() -> None:
     # "before" and, for a negative control, against the point it controls (its seed-0 run).
     runs_dir = cfg.store.runs_dir
 
-    def after_of(run_id: str) -> dict[str, Any] | None:
-        path = runs_dir / run_id / "evals.jsonl"
+    def after_of(run: str) -> dict[str, Any] | None:
+        path = runs_dir / run / "evals.jsonl"
         rows = [e for e in read_jsonl(path) if e.get("name") == "held-out" and e["step"] == args.steps - 1] \
             if path.exists() else []
         return rows[-1] if rows else None
@@ -171,7 +176,7 @@ def main() -> None:
     for point in POINTS:
         seeds = sorted({v.get("seed", 0) for k, v in points.items() if (k == point or k.startswith(f"{point}-seed-"))
                         and v.get("steps") == args.steps})
-        evals = [(seed, after_of(f"sweep-{point}-{args.steps}-steps{f'-seed-{seed}' if seed else ''}")) for seed in seeds]
+        evals = [(seed, after_of(run_id(point, args.steps, seed))) for seed in seeds]
         evals = [(seed, e) for seed, e in evals if e is not None]
         if len(evals) < 2:
             continue
@@ -179,7 +184,7 @@ def main() -> None:
         entry: dict[str, Any] = {"seeds": [seed for seed, _ in evals],
                                  "held-out": on_shared_tasks(baseline[0], together)}
         for real in CONTROL_OF.get(point, ()):
-            real_after = after_of(f"sweep-{real}-{args.steps}-steps")
+            real_after = after_of(run_id(real, args.steps))
             if real_after is not None:
                 entry["against_" + real] = on_shared_tasks(together, real_after)
                 break

@@ -570,19 +570,15 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 if isinstance(row.get(name), (int, float)):
                     gauge.set(row[name])
             result.metrics.append(row)
-            ckpt_state = {"curriculum": cur_state, "manifest": manifest}
-            if step == tcfg.steps - 1:
-                # The last step is checkpointed before its evaluations, so they run without AdamW's
-                # moments (twice the weights); a resume runs whichever of them are missing.
-                await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(), ckpt_state,
-                                        tcfg.keep_checkpoints)
+            last = step == tcfg.steps - 1
+            if not last and (step + 1) % tcfg.eval_every == 0:
+                await evaluations(step, final=False)   # before the checkpoint: a kill redoes the step
+            await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(),
+                                    {"curriculum": cur_state, "manifest": manifest}, tcfg.keep_checkpoints)
+            if last:
+                # After the checkpoint, so they run without AdamW's moments (twice the weights); a
+                # resume runs whichever of them are missing.
                 await final_evaluations(step)
-            else:
-                # A kill during an evaluation redoes the step on resume: the checkpoint comes after.
-                if (step + 1) % tcfg.eval_every == 0:
-                    await evaluations(step, final=False)
-                await asyncio.to_thread(checkpoint.save, run_dir, step, learner.state_dict(), ckpt_state,
-                                        tcfg.keep_checkpoints)
             result.steps_done = step + 1
             emit("step", row)
             if stop_after_step is not None and step >= stop_after_step:
