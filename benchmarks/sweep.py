@@ -23,10 +23,13 @@ attempts summed) with the same paired test against the "before", and a negative 
 "after" against the point it controls (`CONTROL_OF`).
 
 The points vary what this scale asks to choose by measurement: the learning rate of full
-fine-tuning and of LoRA, the split of a step's episodes into groups, and the advantage's std floor
+fine-tuning and of LoRA, the split of a step's episodes into groups, the advantage's std floor
 (0 = plain GRPO, where a group with one compiling answer and nothing passing gets +-1.7 advantages
-from a 0.1 shaping term). The sampling temperature is not swept: another temperature is another
-zone measurement (~50 min here); T=1 was measured once (3 replies in 4 held no code).
+from a 0.1 shaping term), and the sampling temperature of training. Every point keeps the learn
+run's zone and evaluation: `train.zone_temperature` and `train.eval_temperature` are pinned to the
+learn run's, so a temperature point trains at its own temperature on the same tasks and is judged
+by the same evaluation as the others (a zone measured anew at each temperature would change the
+held-out tasks, and so what "before" and "after" mean).
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "groups-4x6": ("4 groups of 6 a step (same 24 episodes)", {}, {"tasks_per_step": 4, "group_size": 6}),
     # the point that became the default (now the same as `default`), under the name its results carry
     "groups-6x4": ("6 groups of 4 a step (same 24 episodes)", {}, {"tasks_per_step": 6, "group_size": 4}),
+    # training samples (and the update scores) at another temperature; the zone and evaluations stay at T=0.7
+    "temperature-1.0": ("sampling temperature 1.0 in training", {"temperature": 1.0}, {"policy": {"temperature": 1.0}}),
+    "temperature-0.4": ("sampling temperature 0.4 in training", {"temperature": 0.4}, {"policy": {"temperature": 0.4}}),
 }
 
 
@@ -110,6 +116,8 @@ def main() -> None:
     from learning import config, summarize  # the learning benchmark beside this file
     from tryloop.cli.train import ensure_gate
     from tryloop.train.run import read_jsonl, train
+    from tryloop.train.run_config import TrainRunConfig
+    from tryloop.train.zone import zone_temperature_of
 
     cfg = config(args.root, None)
     ensure_gate(cfg)   # a newer checkout may judge with another reward version: gate it first
@@ -135,12 +143,16 @@ def main() -> None:
         name = point + seeded
         if points.get(name, {}).get("steps") == args.steps:
             continue
-        algo = cfg.train.algo.model_copy(update=algo_up)
-        tcfg = cfg.train.model_copy(update={"run_id": run_id(point, args.steps, args.seed), "algo": algo,
-                                            "steps": args.steps, "eval_every": args.steps, "eval_at_start": False,
-                                            "eval_tasks": args.eval_tasks, "check_source": None, "seed": args.seed,
-                                            "zone_seed": cfg.train.seed,   # the learn run's zone, measured once
-                                            **train_up})
+        up = {"run_id": run_id(point, args.steps, args.seed), "steps": args.steps, "eval_every": args.steps,
+              "eval_at_start": False, "eval_tasks": args.eval_tasks, "check_source": None, "seed": args.seed,
+              # the learn run's zone (measured once) and its evaluations' temperature, whatever the point samples at
+              "zone_seed": cfg.train.seed, "zone_temperature": zone_temperature_of(cfg.train),
+              "eval_temperature": baseline[0]["temperature"], **train_up}
+        up["algo"] = {**cfg.train.algo.model_dump(), **algo_up}
+        up["policy"] = {**cfg.train.policy.model_dump(), **train_up.get("policy", {})}
+        # validated as a whole, so a point that breaks a rule (the update's temperature must be the
+        # sampler's) is refused before it runs
+        tcfg = TrainRunConfig.model_validate({**cfg.train.model_dump(), **up})
         print(f"== {name}: {what}", flush=True)
         t0 = time.perf_counter()
         run = asyncio.run(train(cfg, tcfg, resume=True, hook=log))

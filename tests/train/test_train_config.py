@@ -76,3 +76,18 @@ def test_runs_of_other_seeds_share_one_zone_only_when_its_seed_is_pinned():
     assert zone_key_for(other, "w") != zone_key_for(base, "w")           # a pass rate holds for its seed
     assert zone_key_for(pinned, "w") == zone_key_for(base, "w") and zone_seed_of(pinned) == 0
     assert zone_key_for(pinned.model_copy(update={"zone_k": 5}), "w") != zone_key_for(base, "w")
+
+
+def test_runs_at_other_temperatures_share_one_zone_only_when_its_temperature_is_pinned():
+    from tryloop.train.run_config import TrainRunConfig
+    from tryloop.train.zone import zone_key_for, zone_temperature_of
+
+    base = TrainRunConfig()
+    hotter = TrainRunConfig.model_validate({"policy": {"temperature": 1.0}, "algo": {"temperature": 1.0}})
+    pinned = TrainRunConfig.model_validate({"policy": {"temperature": 1.0}, "algo": {"temperature": 1.0},
+                                            "zone_temperature": base.policy.temperature})
+    assert zone_key_for(hotter, "w") != zone_key_for(base, "w")          # a pass rate holds for its temperature
+    assert zone_temperature_of(hotter) == 1.0
+    assert zone_key_for(pinned, "w") == zone_key_for(base, "w") and zone_temperature_of(pinned) == 0.7
+    with pytest.raises(ValueError, match="zone_temperature"):
+        TrainRunConfig.model_validate({"zone_temperature": 0})

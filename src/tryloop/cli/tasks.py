@@ -527,9 +527,10 @@ def zone(
     store: StoreUrl = None, config: ConfigOpt = None,
 ) -> None:
     """Measure the learning zone: each task's pass rate under the train run's policy (k samples at
-    its temperature, kept in the store, so nothing is measured twice), per tier or family and split."""
+    train.zone_temperature, by default its own; kept in the store, so nothing is measured twice), per
+    tier or family and split."""
     from tryloop.train.run import select
-    from tryloop.train.zone import by_family, measure_zone
+    from tryloop.train.zone import by_family, measure_zone, zone_temperature_of
 
     if by not in ("tier", "family"):
         raise typer.BadParameter(f"--by must be tier or family, not {by!r}")
@@ -550,7 +551,7 @@ def zone(
                           "seconds": result.seconds, "rows": [r.__dict__ for r in rows]}, indent=1))
         return
     t = Table(title=f"learning zone of {tcfg.policy.name} ({result.band.lo:.0%}-{result.band.hi:.0%}), "
-                    f"{tcfg.zone_k} samples at T={tcfg.policy.temperature:g}, {result.seconds:.0f} s")
+                    f"{tcfg.zone_k} samples at T={zone_temperature_of(tcfg):g}, {result.seconds:.0f} s")
     for col in (by, "split", "tasks", "measured", "mean pass rate", "never", "always", "in zone"):
         t.add_column(col)
     for r in rows:

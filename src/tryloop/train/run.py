@@ -245,7 +245,13 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     from tryloop.tasks.zone import Band, in_zone, measure, no_zone_message, zone_table
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.update import Learner
-    from tryloop.train.zone import endpoint_sampler, sampler_policy, zone_key_for, zone_seed_of
+    from tryloop.train.zone import (
+        endpoint_sampler,
+        sampler_policy,
+        zone_key_for,
+        zone_seed_of,
+        zone_temperature_of,
+    )
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
@@ -327,9 +333,10 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             band = Band(tcfg.zone_lo, tcfg.zone_hi)
             t0 = time.perf_counter()
             emit("zone", {"total": len(train_all) + len(eval_all), "key": key})
-            _set_meta(runner, remote, weights=policy.version)
+            zone_t = zone_temperature_of(tcfg)
+            _set_meta(runner, remote, weights=policy.version, temperature=zone_t)   # what Ray workers sample with
             counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
-                                   temperature=tcfg.policy.temperature, limits=tcfg.limits, runner=runner,
+                                   temperature=zone_t, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=zone_seed_of(tcfg),
                                    on_done=lambda t: emit("zone_episode", {"trajectory": t}))
             _set_meta(runner)

@@ -83,6 +83,9 @@ class TrainRunConfig(_Model):
     zone_hi: float = Field(0.70, ge=0, le=1, description="highest pass rate in the zone")
     zone_seed: int | None = Field(None, description="seed of the zone measurement (None: train.seed): runs "
                                                     "of other seeds can share one measured zone")
+    zone_temperature: float | None = Field(None, gt=0, description="sampling temperature of the zone measurement "
+                                           "(None: train.policy.temperature): runs sampling at other "
+                                           "temperatures can share one measured zone")
     steps: int = Field(8, ge=1, description="optimizer steps (one per rollout batch)")
     # 6 groups of 4 over 4 of 6 (the same 24 episodes): more tasks a step learned more in the sweep
     # (benchmarks/README.md, "sweep.py"), though groups of 4 are mixed a little less often

@@ -27,11 +27,18 @@ def zone_key_for(tcfg: TrainRunConfig, weights_version: str) -> str:
 
     setup = json.dumps([tcfg.limits.model_dump(mode="json"), SYSTEM_PROMPT, ANSWER_ONLY_PROMPT,
                         "zone-seed-v2", zone_seed_of(tcfg)])
-    return zone_key(weights_version, tcfg.policy.temperature, tcfg.zone_k, setup)
+    return zone_key(weights_version, zone_temperature_of(tcfg), tcfg.zone_k, setup)
 
 
 def zone_seed_of(tcfg: TrainRunConfig) -> int:
     return tcfg.seed if tcfg.zone_seed is None else tcfg.zone_seed
+
+
+def zone_temperature_of(tcfg: TrainRunConfig) -> float:
+    """The temperature the zone's pass rates are measured at: the training temperature unless pinned
+    (a zone measured at T holds the tasks learnable at T; pinning it keeps one task set while
+    another training temperature is tried)."""
+    return tcfg.policy.temperature if tcfg.zone_temperature is None else tcfg.zone_temperature
 
 
 def sampler_policy(loaded, tcfg: TrainRunConfig, engine=None):
@@ -115,7 +122,7 @@ async def measure_zone(cfg: TryloopConfig, tcfg: TrainRunConfig, tasks: list[Tas
     t0 = time.perf_counter()
     counts = await measure(tasks, sampler_policy(loaded, tcfg), Environments(SandboxRuntime(cfg.runtime)),
                            TaskStore(cfg.tasks.store_url), key=key, k=tcfg.zone_k,
-                           temperature=tcfg.policy.temperature, limits=tcfg.limits,
+                           temperature=zone_temperature_of(tcfg), limits=tcfg.limits,
                            runner=ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency)), spec=cfg.rewards.spec,
                            trajectories=TrajectoryStore(cfg.store.trajectories_url), seed=zone_seed_of(tcfg),
                            on_done=on_done)
