@@ -366,12 +366,20 @@ def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_se
     assert all(sum(n for _, n in e["tasks"].values()) == e["episodes"] for e in res.evals)
     m = res.metrics[0]
     assert {"groups_mixed", "refills", "reward_lo", "pass_lo", "time_step_s", "peak_rss_mb"} <= set(m)
-    # A second run of the same weights reuses the measurement: no zone episode runs again.
-    again: list[str] = []
-    asyncio.run(train(cfg, cfg.train.model_copy(update={"run_id": "zone2", "eval_at_start": False,
-                                                         "check_source": None}),
-                      hook=lambda e, d: again.append(e)))
-    assert "zone_episode" not in again
+    # A second run of the same weights reuses the measurement: no zone episode runs again, though it
+    # trains at another temperature, as its zone's temperature is pinned to the first run's.
+    from tryloop.train.run_config import TrainRunConfig
+
+    colder = TrainRunConfig.model_validate({
+        **cfg.train.model_dump(), "run_id": "zone2", "eval_at_start": False, "check_source": None,
+        "policy": {**cfg.train.policy.model_dump(), "temperature": 0.5},
+        "algo": {**cfg.train.algo.model_dump(), "temperature": 0.5, "old_logprobs": "recompute"},
+        "zone_temperature": cfg.train.policy.temperature})
+    assert cfg.train.policy.temperature != 0.5
+    again: list[tuple[str, dict]] = []
+    asyncio.run(train(cfg, colder, hook=lambda e, d: again.append((e, d))))
+    assert [d["key"] for e, d in again if e == "zone"] == [zone["key"]]
+    assert "zone_episode" not in [e for e, _ in again]
     # `tryloop tasks zone` keys its measurement as the run does: it reads the run's, per family.
     from typer.testing import CliRunner
 
