@@ -288,3 +288,34 @@ def test_metrics_follow_a_new_registry_with_a_reused_id():
         assert r.get_sample_value("tryloop_pool_live", {"pool": "reuse"}) == 1
         del r
         gc.collect()
+
+
+async def test_pools_sharing_a_label_add_up_and_leave_nothing_when_closed(runtime, snap, small_config, registry,
+                                                                           name):
+    """A pool per task labelled by the task's source: the label's gauges are the sum of its pools,
+    and each pool takes back what it added when it closes."""
+    def live() -> float:
+        return sample(registry, "tryloop_pool_live", pool=name)
+
+    one = WarmPool(runtime, snap, small_config, PoolConfig(size=1), name="task-a", registry=registry, label=name)
+    two = WarmPool(runtime, snap, small_config, PoolConfig(size=2), name="task-b", registry=registry, label=name)
+    await one.start()
+    await two.start()
+    try:
+        assert live() == 3 and sample(registry, "tryloop_pool_idle", pool=name) == 3
+        sb = await two.acquire()
+        await quiesce(two)                 # its refill replaces the sandbox handed out
+        assert two.live == 3 and live() == 4 and sample(registry, "tryloop_pool_idle", pool=name) == 3
+        assert sample(registry, "tryloop_pool_acquire_total", pool=name, result="hit") == 1
+        assert registry.get_sample_value("tryloop_pool_live", {"pool": "task-b"}) is None   # no series per pool
+        await quiesce(one)
+        await one.close()
+        assert live() == two.live == 3
+        two.release(sb)
+        await until(lambda: not two._resetting and not two._tasks)
+        assert live() == two.live and sample(registry, "tryloop_pool_idle", pool=name) == two.idle
+    finally:
+        await quiesce(two)
+        await two.close()
+        await one.close()
+    assert live() == 0 and sample(registry, "tryloop_pool_idle", pool=name) == 0

@@ -3,7 +3,8 @@
 A released sandbox is reset in the background and handed to the next episode of
 the same task (a hit); a task seen for the first time costs one cold create (a
 miss). Pools of tasks not used for a while are closed, so memory stays bounded
-when a run walks over thousands of tasks.
+when a run walks over thousands of tasks; their metrics are labelled by task
+source, not by task, so the metrics stay bounded too.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Environments:
         pool = self._pools.get(snap.id)
         if pool is None:
             pool = WarmPool(self.runtime, snap, cfg, PoolConfig(size=self.per_task, max_live=self.max_live),
-                            name=task.id[:40], registry=self.registry)
+                            name=task.id[:40], registry=self.registry, label=f"source:{task.meta.source}")
             await pool.start(wait=False)
             self._pools[snap.id] = pool
             self._evict()

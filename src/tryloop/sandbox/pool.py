@@ -3,7 +3,11 @@
 `acquire()` hands out an idle sandbox (a hit) or starts one (a miss);
 `release()` resets it in the background and puts it back, or destroys it if
 it is unhealthy. A background task keeps `size` sandboxes idle. Every step is
-counted in Prometheus metrics labelled by pool name.
+counted in Prometheus metrics labelled by pool (`label`, by default the pool's
+name). Pools that share a label add up, gauges included: a run that opens a
+pool per task labels them by task source, so its series stay a handful however
+many tasks it walks over (a series per task would grow every scrape and the
+run's live state without bound).
 """
 
 from __future__ import annotations
@@ -64,13 +68,15 @@ class WarmPool:
 
     def __init__(self, runtime: SandboxRuntime, snapshot: Snapshot, sandbox: SandboxConfig | None = None,
                  config: PoolConfig | None = None, *, name: str | None = None,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, label: str | None = None):
         self.runtime = runtime
         self.snapshot = snapshot
         self.sandbox_config = sandbox or SandboxConfig()
         self.config = config or PoolConfig()
         self.name = name or snapshot.id[:12]
+        self.label = label or self.name      # the metrics' `pool` label
         self.metrics = PoolMetrics.for_registry(registry)
+        self._shown = (0, 0)                 # (live, idle) this pool has added to its label's gauges
         self._idle: deque[Sandbox] = deque()
         self._in_use: set[Sandbox] = set()
         self._creating = 0
@@ -150,7 +156,7 @@ class WarmPool:
                 self._record_acquire("hit", t0)
                 self._wake.set()
                 return sb
-            self.metrics.failures.labels(self.name, "dead_idle").inc()
+            self.metrics.failures.labels(self.label, "dead_idle").inc()
             self._spawn(self._destroy(sb))
         if self.live + self._creating >= self.config.max_live:
             raise SandboxError(f"pool {self.name}: max_live={self.config.max_live} sandboxes already alive")
@@ -174,17 +180,17 @@ class WarmPool:
             if self._closed or not sb.alive:
                 reason = "closed" if self._closed else "dead_on_release"
                 if not self._closed:
-                    self.metrics.failures.labels(self.name, reason).inc()
+                    self.metrics.failures.labels(self.label, reason).inc()
                 await self._destroy(sb)
                 return
             t0 = time.perf_counter()
             try:
                 await sb.reset()
             except Exception:
-                self.metrics.failures.labels(self.name, "reset_failed").inc()
+                self.metrics.failures.labels(self.label, "reset_failed").inc()
                 await self._destroy(sb)
                 return
-            self.metrics.reset.labels(self.name).observe(time.perf_counter() - t0)
+            self.metrics.reset.labels(self.label).observe(time.perf_counter() - t0)
             if len(self._idle) >= self.config.size or self._closed:
                 await self._destroy(sb)
             else:
@@ -202,13 +208,16 @@ class WarmPool:
         task.add_done_callback(self._tasks.discard)
 
     def _record_acquire(self, result: str, t0: float) -> None:
-        self.metrics.acquire.labels(self.name, result).observe(time.perf_counter() - t0)
-        self.metrics.acquired.labels(self.name, result).inc()
+        self.metrics.acquire.labels(self.label, result).observe(time.perf_counter() - t0)
+        self.metrics.acquired.labels(self.label, result).inc()
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        self.metrics.live.labels(self.name).set(self.live)
-        self.metrics.idle.labels(self.name).set(len(self._idle))
+        # by difference, not set(): other pools may add to the same label
+        live, idle = self.live, len(self._idle)
+        self.metrics.live.labels(self.label).inc(live - self._shown[0])
+        self.metrics.idle.labels(self.label).inc(idle - self._shown[1])
+        self._shown = (live, idle)
 
     async def _create(self) -> Sandbox:
         self._creating += 1
@@ -216,11 +225,11 @@ class WarmPool:
         try:
             sb = await self.runtime.create(self.snapshot, self.sandbox_config)
         except Exception:
-            self.metrics.failures.labels(self.name, "create_failed").inc()
+            self.metrics.failures.labels(self.label, "create_failed").inc()
             raise
         finally:
             self._creating -= 1
-        self.metrics.create.labels(self.name).observe(time.perf_counter() - t0)
+        self.metrics.create.labels(self.label).observe(time.perf_counter() - t0)
         return sb
 
     async def _destroy(self, sb: Sandbox) -> None:
@@ -228,8 +237,8 @@ class WarmPool:
         try:
             await sb.close()
         except Exception:
-            self.metrics.failures.labels(self.name, "teardown_failed").inc()
-        self.metrics.teardown.labels(self.name).observe(time.perf_counter() - t0)
+            self.metrics.failures.labels(self.label, "teardown_failed").inc()
+        self.metrics.teardown.labels(self.label).observe(time.perf_counter() - t0)
 
     async def _refill_loop(self) -> None:
         failures = 0
