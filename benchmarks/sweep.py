@@ -11,8 +11,11 @@ seeds). Each point is the default `tryloop train` configuration with one thing c
 with its 95% CI, the share of mixed groups, held-out pass@1 before and after with an exact paired
 sign test over tasks, and the wall time of its steps. Run at the learn run's length, a point also
 meets the default configuration head to head: its "after" against the learn run's, the same paired
-test over the same tasks (`against_learn_run`). A point that finished is kept in the output and
-not run again (delete its run directory, runs/sweep-NAME-STEPS-steps, to rerun it).
+test over the same tasks (`against_learn_run`), and against the current default's run of that
+length (`against_default`: groups-6x4, which became the default after its run). A point that
+finished is kept in the output and not run again (delete its run directory,
+runs/sweep-NAME-STEPS-steps, to rerun it); `against_default` and `seeds_pooled` are computed anew
+by every run of the command, so a run with nothing left to train brings them up to date.
 
 `--seed N` (default 0, the learn run's) runs the points again with another run seed: other tasks
 drawn, other episode seeds, other shuffles, under the keys NAME-seed-N (runs/sweep-NAME-STEPS-steps-seed-N).
@@ -62,8 +65,12 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
+#: the default configuration's point: the first of these whose run exists at this length (groups-6x4
+#: became the default after its run, so its run is the default's)
+DEFAULT_POINTS = ("default", "groups-6x4")
+
 #: a negative control -> the points it is the control of (the first whose run exists at this length)
-CONTROL_OF = {"shuffled-rewards": ("default", "groups-6x4")}
+CONTROL_OF = {"shuffled-rewards": DEFAULT_POINTS}
 
 
 def run_id(point: str, steps: int, seed: int = 0) -> str:
@@ -205,6 +212,18 @@ def main() -> None:
         print(f"{point}, seeds {entry['seeds']} pooled: held-out {ho['before']['pass_at_1']:.3f} -> "
               f"{ho['after']['pass_at_1']:.3f} ({ho['wins']}/{ho['losses']}/{ho['ties']}) p={ho['p_value']:.3g}",
               flush=True)
+    # Every other point's run against the default's (seed 0) at this length: the same paired test
+    # over the same tasks, on the two runs' "after" evaluations (`against_learn_run` meets the learn
+    # run, which is the default of its time, not the current one).
+    base = next((b for b in DEFAULT_POINTS if after_of(run_id(b, args.steps)) is not None), None)
+    for name, entry in points.items() if base is not None else ():
+        point, seed = name.split("-seed-")[0], entry.get("seed", 0)
+        after = after_of(run_id(point, args.steps, seed)) if entry.get("steps") == args.steps else None
+        if after is None or (point in DEFAULT_POINTS and not seed):
+            continue
+        vs = entry["against_default"] = {"default": base, **on_shared_tasks(after_of(run_id(base, args.steps)), after)}
+        print(f"{name} against {base}: {vs['before']['pass_at_1']:.3f} -> {vs['after']['pass_at_1']:.3f} "
+              f"({vs['wins']}/{vs['losses']}/{vs['ties']}) p={vs['p_value']:.3g}", flush=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {args.out}")
 
