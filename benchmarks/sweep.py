@@ -22,8 +22,9 @@ drawn, other episode seeds, other shuffles, under the keys NAME-seed-N (runs/swe
 One training run per configuration says nothing about how much its result varies between seeds;
 the negative control needs this most, as its expected gain is nil. A point run with two seeds or
 more also gets `seeds_pooled`: its runs' "after" evaluations pooled task by task (passes and
-attempts summed) with the same paired test against the "before", and a negative control's pooled
-"after" against the point it controls (`CONTROL_OF`).
+attempts summed) with the same paired test against the "before", a negative control's pooled
+"after" against the point it controls (`CONTROL_OF`), and, where the default ran with the same
+seeds, the pooled "after" against the default's pooled over those seeds (`against_default`).
 
 The points vary what this scale asks to choose by measurement: the learning rate of full
 fine-tuning and of LoRA, the split of a step's episodes into groups, the advantage's std floor
@@ -192,6 +193,8 @@ def main() -> None:
             if path.exists() else []
         return rows[-1] if rows else None
 
+    base = next((b for b in DEFAULT_POINTS if after_of(run_id(b, args.steps)) is not None), None)
+    by_seed: dict[str, dict[int, dict[str, Any]]] = {}    # point -> seed -> its run's "after"
     for point in POINTS:
         seeds = sorted({v.get("seed", 0) for k, v in points.items() if (k == point or k.startswith(f"{point}-seed-"))
                         and v.get("steps") == args.steps})
@@ -199,6 +202,7 @@ def main() -> None:
         evals = [(seed, e) for seed, e in evals if e is not None]
         if len(evals) < 2:
             continue
+        by_seed[point] = dict(evals)
         together = pooled([e for _, e in evals])
         entry: dict[str, Any] = {"seeds": [seed for seed, _ in evals],
                                  "held-out": on_shared_tasks(baseline[0], together)}
@@ -212,10 +216,19 @@ def main() -> None:
         print(f"{point}, seeds {entry['seeds']} pooled: held-out {ho['before']['pass_at_1']:.3f} -> "
               f"{ho['after']['pass_at_1']:.3f} ({ho['wins']}/{ho['losses']}/{ho['ties']}) p={ho['p_value']:.3g}",
               flush=True)
+    # A point run with several seeds against the default run with the same seeds, both pooled
+    for point, runs in by_seed.items():
+        shared = sorted(runs.keys() & by_seed.get(base, {}).keys()) if point != base else []
+        if len(shared) >= 2:
+            vs = result["seeds_pooled"][point]["against_default"] = {
+                "default": base, "seeds": shared,
+                **on_shared_tasks(pooled([by_seed[base][s] for s in shared]), pooled([runs[s] for s in shared]))}
+            print(f"{point} against {base}, seeds {shared} pooled: {vs['before']['pass_at_1']:.3f} -> "
+                  f"{vs['after']['pass_at_1']:.3f} ({vs['wins']}/{vs['losses']}/{vs['ties']}) p={vs['p_value']:.3g}",
+                  flush=True)
     # Every other point's run against the default's (seed 0) at this length: the same paired test
     # over the same tasks, on the two runs' "after" evaluations (`against_learn_run` meets the learn
     # run, which is the default of its time, not the current one).
-    base = next((b for b in DEFAULT_POINTS if after_of(run_id(b, args.steps)) is not None), None)
     for name, entry in points.items() if base is not None else ():
         point, seed = name.split("-seed-")[0], entry.get("seed", 0)
         after = after_of(run_id(point, args.steps, seed)) if entry.get("steps") == args.steps else None
