@@ -62,7 +62,8 @@ class TrainRunConfig(_Model):
                                                                   old_logprobs="recompute", adv_std_floor=0.3,
                                                                   amp="auto", log_entropy=False),
                               description="advantages, loss and optimizer")
-    # T=0.7: at T=1 the 135M model rambles (3 in 4 replies held no code at all in a zone measurement).
+    # T=0.7: of 0.4, 0.7 and 1.0 (8 steps, two seeds each, benchmarks/README.md) it learned the most; at 0.4
+    # too few groups are mixed, at 1.0 too few answers pass.
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(temperature=0.7, dtype="auto"),
                                  description="the local model trained (sampled at T=0.7; a bf16 engine where "
                                              "bf16 is fast: the learner recomputes pi_old, so the sampler's "
