@@ -23,7 +23,7 @@ One training run per configuration says nothing about how much its result varies
 the negative control needs this most, as its expected gain is nil. A point run with two seeds or
 more also gets `seeds_pooled`: its runs' "after" evaluations pooled task by task (passes and
 attempts summed) with the same paired test against the "before", a negative control's pooled
-"after" against the point it controls (`CONTROL_OF`), and, where the default ran with the same
+"after" against the default's seed-0 run (`CONTROLS`), and, where the default ran with the same
 seeds, the pooled "after" against the default's pooled over those seeds (`against_default`).
 
 The points vary what this scale asks to choose by measurement: the learning rate of full
@@ -70,8 +70,8 @@ POINTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 #: became the default after its run, so its run is the default's)
 DEFAULT_POINTS = ("default", "groups-6x4")
 
-#: a negative control -> the points it is the control of (the first whose run exists at this length)
-CONTROL_OF = {"shuffled-rewards": DEFAULT_POINTS}
+#: the negative controls: each is the default with the reward's information taken out
+CONTROLS = {"shuffled-rewards"}
 
 
 def run_id(point: str, steps: int, seed: int = 0) -> str:
@@ -123,6 +123,7 @@ def main() -> None:
     import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
     from learning import config, summarize  # the learning benchmark beside this file
     from tryloop.cli.train import ensure_gate
+    from tryloop.config import parse
     from tryloop.train.run import read_jsonl, train
     from tryloop.train.run_config import TrainRunConfig
     from tryloop.train.zone import zone_temperature_of
@@ -159,8 +160,8 @@ def main() -> None:
         up["algo"] = {**cfg.train.algo.model_dump(), **algo_up}
         up["policy"] = {**cfg.train.policy.model_dump(), **train_up.get("policy", {})}
         # validated as a whole, so a point that breaks a rule (the update's temperature must be the
-        # sampler's) is refused before it runs
-        tcfg = TrainRunConfig.model_validate({**cfg.train.model_dump(), **up})
+        # sampler's) is refused before it runs, naming the point and the field
+        tcfg = parse(TrainRunConfig, {**cfg.train.model_dump(), **up}, f"sweep point {name}")
         print(f"== {name}: {what}", flush=True)
         t0 = time.perf_counter()
         run = asyncio.run(train(cfg, tcfg, resume=True, hook=log))
@@ -194,6 +195,7 @@ def main() -> None:
         return rows[-1] if rows else None
 
     base = next((b for b in DEFAULT_POINTS if after_of(run_id(b, args.steps)) is not None), None)
+    base_after = after_of(run_id(base, args.steps)) if base is not None else None
     by_seed: dict[str, dict[int, dict[str, Any]]] = {}    # point -> seed -> its run's "after"
     for point in POINTS:
         seeds = sorted({v.get("seed", 0) for k, v in points.items() if (k == point or k.startswith(f"{point}-seed-"))
@@ -206,11 +208,8 @@ def main() -> None:
         together = pooled([e for _, e in evals])
         entry: dict[str, Any] = {"seeds": [seed for seed, _ in evals],
                                  "held-out": on_shared_tasks(baseline[0], together)}
-        for real in CONTROL_OF.get(point, ()):
-            real_after = after_of(run_id(real, args.steps))
-            if real_after is not None:
-                entry["against_" + real] = on_shared_tasks(together, real_after)
-                break
+        if point in CONTROLS and base_after is not None:
+            entry["against_" + base] = on_shared_tasks(together, base_after)
         result.setdefault("seeds_pooled", {})[point] = entry
         ho = entry["held-out"]
         print(f"{point}, seeds {entry['seeds']} pooled: held-out {ho['before']['pass_at_1']:.3f} -> "
@@ -234,7 +233,7 @@ def main() -> None:
         after = after_of(run_id(point, args.steps, seed)) if entry.get("steps") == args.steps else None
         if after is None or (point in DEFAULT_POINTS and not seed):
             continue
-        vs = entry["against_default"] = {"default": base, **on_shared_tasks(after_of(run_id(base, args.steps)), after)}
+        vs = entry["against_default"] = {"default": base, **on_shared_tasks(base_after, after)}
         print(f"{name} against {base}: {vs['before']['pass_at_1']:.3f} -> {vs['after']['pass_at_1']:.3f} "
               f"({vs['wins']}/{vs['losses']}/{vs['ties']}) p={vs['p_value']:.3g}", flush=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
