@@ -178,6 +178,19 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     with pytest.raises(GateBlocked):
         asyncio.run(train(other, cfg.train.model_copy(update={"run_id": "other"})))
     assert weights_digest(res.run_dir) == before  # the refused starts left the checkpoint alone
+    # With its directory gone, a new run of the same id would read the stored episodes back as its
+    # own (they are found by id): it is refused, and the episodes stay.
+    from tryloop.errors import TryloopError
+
+    gone = res.run_dir.with_name("short-removed")
+    res.run_dir.rename(gone)
+    try:
+        with pytest.raises(TryloopError, match=r"already holds episodes of a run 'short' \(short\).*--run-id"):
+            asyncio.run(train(cfg, cfg.train))
+        assert not res.run_dir.exists()
+        assert len(TrajectoryStore(cfg.store.trajectories_url).read(run_id="short")) == 4
+    finally:
+        gone.rename(res.run_dir)
 
 
 @pytest.mark.slow   # three runs, one of two steps: ~2.5 min on 2 shared cores

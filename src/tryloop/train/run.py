@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -102,6 +103,14 @@ def _truncate_jsonl(path: Path, before_step: int) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
         os.replace(tmp, path)
+
+
+def _runs_read_back(stored_runs: list[str], tcfg: TrainRunConfig) -> list[str]:
+    """The stored runs whose episodes run `tcfg.run_id` reads back as its own: its rollouts and its
+    evaluations (`<id>-eval-<step>`, `<id>-<check source>-<step>`)."""
+    evals = "|".join(re.escape(n) for n in ("eval", tcfg.check_source or "check"))
+    own = re.compile(rf"{re.escape(tcfg.run_id)}(?:-(?:{evals})--?\d+)?")
+    return [r for r in stored_runs if own.fullmatch(r)]
 
 
 def _version_name(index: int, versions: dict[str, int]) -> str:
@@ -259,6 +268,17 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
     if ckpt is not None and not resume:
         raise TryloopError(f"run {tcfg.run_id!r} already has checkpoints in {run_dir}: continue it with "
                            "--resume, or choose another --run-id")
+    if ckpt is None and not (run_dir / "manifest.json").exists():
+        # Stored episodes are read back by id (a kill before the first checkpoint loses none), so
+        # episodes that an earlier run of this id left behind its removed directory would be taken
+        # as this run's: judged by another reward version, sampled with another configuration.
+        left = _runs_read_back(TrajectoryStore(cfg.store.trajectories_url).runs(), tcfg)
+        if left:
+            raise TryloopError(
+                f"the trajectory store {cfg.store.trajectories_url} already holds episodes of a run "
+                f"{tcfg.run_id!r} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}), but {run_dir} has no "
+                "manifest of it (its directory was removed): this run would read them back as its own. "
+                "Choose another --run-id (train.run_id), or move those runs' episodes out of the store")
     run_dir.mkdir(parents=True, exist_ok=True)
     runtime = SandboxRuntime(cfg.runtime)
     store = TaskStore(cfg.tasks.store_url)
