@@ -189,6 +189,15 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
             asyncio.run(train(cfg, cfg.train))
         assert not res.run_dir.exists()
         assert len(TrajectoryStore(cfg.store.trajectories_url).read(run_id="short")) == 4
+        # The command refuses it the same way, before it builds anything or draws the run's table.
+        cli = subprocess.run([str(Path(sys.executable).parent / "tryloop"), "train", "--config",
+                              str(write_config(train_root, "cli.yaml", run_id="short"))],
+                             capture_output=True, text=True, timeout=120, env={"COLUMNS": "400", "NO_COLOR": "1",
+                                                                               "PATH": "/usr/bin:/bin"})
+        assert cli.returncode == TryloopError.exit_code, cli.stdout + cli.stderr
+        said = cli.stdout + cli.stderr
+        assert "already holds episodes of a run 'short'" in said and "training —" not in said
+        assert not res.run_dir.exists()
     finally:
         gone.rename(res.run_dir)
 

@@ -111,8 +111,9 @@ def _zone_table(rows: list[dict], n_train: int, n_eval: int) -> Table:
 
 
 def _run(cfg, resume: bool) -> None:
-    from tryloop.train.run import train
+    from tryloop.train.run import check_start, train
 
+    check_start(cfg, cfg.train, resume)     # a refused start builds nothing and draws no table
     ensure_suite(cfg)
     ensure_gate(cfg)
     rows: list[dict] = []

@@ -108,7 +108,7 @@ def _truncate_jsonl(path: Path, before_step: int) -> None:
 def _runs_read_back(stored_runs: list[str], tcfg: TrainRunConfig) -> list[str]:
     """The stored runs whose episodes run `tcfg.run_id` reads back as its own: its rollouts and its
     evaluations (`<id>-eval-<step>`, `<id>-<check source>-<step>`)."""
-    evals = "|".join(re.escape(n) for n in ("eval", tcfg.check_source or "check"))
+    evals = "|".join(re.escape(n) for n in ("eval", check_name(tcfg)))
     own = re.compile(rf"{re.escape(tcfg.run_id)}(?:-(?:{evals})--?\d+)?")
     return [r for r in stored_runs if own.fullmatch(r)]
 
@@ -247,6 +247,33 @@ def _eval_row(step: int, name: str, run_id: str, k: int, temperature: float, s,
             "tasks": per_task}
 
 
+def check_name(tcfg: TrainRunConfig) -> str:
+    """The name of the regression-check evaluation (and of its stored runs): the check source's."""
+    return tcfg.check_source or "check"
+
+
+def check_start(cfg: TryloopConfig, tcfg: TrainRunConfig, resume: bool) -> Path | None:
+    """Refuse a start that would mix runs, before anything is built or written; return the latest
+    checkpoint of `tcfg.run_id` (None: it starts from step 0)."""
+    run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None and not resume:
+        raise TryloopError(f"run {tcfg.run_id!r} already has checkpoints in {run_dir}: continue it with "
+                           "--resume, or choose another --run-id")
+    if ckpt is None and not (run_dir / "manifest.json").exists():
+        # Stored episodes are read back by id (a kill before the first checkpoint loses none), so
+        # episodes that an earlier run of this id left behind its removed directory would be taken
+        # as this run's: judged by another reward version, sampled with another configuration.
+        left = _runs_read_back(TrajectoryStore(cfg.store.trajectories_url).runs(), tcfg)
+        if left:
+            raise TryloopError(
+                f"the trajectory store {cfg.store.trajectories_url} already holds episodes of a run "
+                f"{tcfg.run_id!r} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}), but {run_dir} has no "
+                "manifest of it (its directory was removed): this run would read them back as its own. "
+                "Choose another --run-id (train.run_id), or move those runs' episodes out of the store")
+    return ckpt
+
+
 async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = False, hook: Hook | None = None,
                 runner: EpisodeRunner | None = None, stop_after_step: int | None = None) -> TrainResult:
     """Run (or resume) `tcfg.run_id`. `stop_after_step` ends early after that step (tests)."""
@@ -264,21 +291,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
 
     emit = hook or (lambda event, data: None)
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
-    ckpt = checkpoint.latest(run_dir)
-    if ckpt is not None and not resume:
-        raise TryloopError(f"run {tcfg.run_id!r} already has checkpoints in {run_dir}: continue it with "
-                           "--resume, or choose another --run-id")
-    if ckpt is None and not (run_dir / "manifest.json").exists():
-        # Stored episodes are read back by id (a kill before the first checkpoint loses none), so
-        # episodes that an earlier run of this id left behind its removed directory would be taken
-        # as this run's: judged by another reward version, sampled with another configuration.
-        left = _runs_read_back(TrajectoryStore(cfg.store.trajectories_url).runs(), tcfg)
-        if left:
-            raise TryloopError(
-                f"the trajectory store {cfg.store.trajectories_url} already holds episodes of a run "
-                f"{tcfg.run_id!r} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}), but {run_dir} has no "
-                "manifest of it (its directory was removed): this run would read them back as its own. "
-                "Choose another --run-id (train.run_id), or move those runs' episodes out of the store")
+    ckpt = check_start(cfg, tcfg, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     runtime = SandboxRuntime(cfg.runtime)
     store = TaskStore(cfg.tasks.store_url)
@@ -427,7 +440,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         async def evaluations(step: int, final: bool) -> None:
             await evaluation(step, "held-out", eval_tasks, tcfg.eval_k, eval_t)
             if final:
-                await evaluation(step, tcfg.check_source or "check", check_tasks, 1, 0.0)
+                await evaluation(step, check_name(tcfg), check_tasks, 1, 0.0)
 
         async def final_evaluations(step: int) -> None:
             learner.finish()   # no step follows: its optimizer state is in the checkpoint
