@@ -105,11 +105,17 @@ def _truncate_jsonl(path: Path, before_step: int) -> None:
         os.replace(tmp, path)
 
 
+def _eval_prefix(tcfg: TrainRunConfig, name: str) -> str:
+    """Evaluation `name`'s episodes are stored as run `<prefix>-<step>`: `<id>-eval` for the
+    held-out set, `<id>-<name>` for the others."""
+    return f"{tcfg.run_id}-{'eval' if name == 'held-out' else name}"
+
+
 def _runs_read_back(stored_runs: list[str], tcfg: TrainRunConfig) -> list[str]:
     """The stored runs whose episodes run `tcfg.run_id` reads back as its own: its rollouts and its
-    evaluations (`<id>-eval-<step>`, `<id>-<check source>-<step>`)."""
-    evals = "|".join(re.escape(n) for n in ("eval", check_name(tcfg)))
-    own = re.compile(rf"{re.escape(tcfg.run_id)}(?:-(?:{evals})--?\d+)?")
+    evaluations' (held-out and the check)."""
+    evals = "|".join(re.escape(_eval_prefix(tcfg, n)) for n in ("held-out", check_name(tcfg)))
+    own = re.compile(rf"{re.escape(tcfg.run_id)}|(?:{evals})--?\d+")
     return [r for r in stored_runs if own.fullmatch(r)]
 
 
@@ -418,7 +424,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         async def evaluation(step: int, name: str, tasks: list[Task], k: int, temperature: float) -> None:
             if not tasks or (step, name) in done_evals:   # a resumed run keeps what was evaluated
                 return
-            run_id = f"{tcfg.run_id}-eval-{step}" if name == "held-out" else f"{tcfg.run_id}-{name}-{step}"
+            run_id = f"{_eval_prefix(tcfg, name)}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
             _set_meta(runner, remote, weights=policy.version, temperature=temperature)   # what Ray workers sample with
             try:
