@@ -69,3 +69,40 @@ def test_tasks_built_by_hand_are_used_as_they_are(tmp_path):
                                 eval_fraction=0.0, limit=1))
     assert store.build_state("humaneval") is None
     ensure_suite(cfg, {"humaneval": must_not_build})
+
+
+def test_a_finished_build_of_a_source_that_changed_gates_only_the_tasks_the_store_lacks(tmp_path):
+    cfg = config(tmp_path)
+    store = TaskStore(cfg.tasks.store_url)
+
+    async def first(*args, **kwargs):                  # release A: the source has two tasks
+        return await build_humaneval(*args, limit=2, **kwargs)
+
+    ensure_suite(cfg, {"humaneval": first}, keys={"humaneval": "release-a"})
+    assert store.build_state("humaneval") == "done" and store.build_key("humaneval") == "release-a"
+    before = {e.id: (e.fingerprint, e.added) for e in store.entries()}
+    ensure_suite(cfg, {"humaneval": must_not_build}, keys={"humaneval": "release-a"})
+
+    gated: list[str] = []
+
+    async def grown(*args, progress, **kwargs):        # release B adds a third
+        def seen(task_id, result):
+            gated.append(task_id)
+            progress(task_id, result)
+        return await build_humaneval(*args, limit=3, progress=seen, **kwargs)
+
+    ensure_suite(cfg, {"humaneval": grown}, keys={"humaneval": "release-b"})
+    assert len(gated) == 1 and gated[0] not in before
+    after = {e.id: (e.fingerprint, e.added) for e in store.entries()}
+    assert len(after) == 3 and all(after[i] == before[i] for i in before)
+    assert store.build_state("humaneval") == "done" and store.build_key("humaneval") == "release-b"
+    ensure_suite(cfg, {"humaneval": must_not_build}, keys={"humaneval": "release-b"})
+
+
+def test_the_function_sources_key_follows_its_tasks():
+    from tryloop.tasks.factory import default_build_key
+    from tryloop.tasks.sources.functions import build_key
+
+    assert default_build_key("functions") == build_key() == build_key(seed=0)
+    assert build_key(seed=1) != build_key() and build_key(per_family=2) != build_key()
+    assert default_build_key("humaneval") is None

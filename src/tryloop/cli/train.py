@@ -15,19 +15,22 @@ from rich.table import Table
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 
 
-def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None) -> None:
+def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
+                 keys: dict[str, str | None] | None = None) -> None:
     """Build the tasks the run needs unless the store has them: the synthesized function tasks (the
     default train source) and HumanEval (the default check set), each gated once with K=1.
 
-    A build admits task by task and records in the store that it started and that it finished, so
-    a build that was killed resumes where it stopped, gating only the tasks it had not decided
-    (instead of training on the part it had stored). A source whose tasks are in the store with no
-    build recorded was built by hand (`tryloop tasks build ...`) and is used as it is. `builders`
-    (source -> builder) defaults to the factory's.
+    A build admits task by task and records in the store that it started, that it finished and
+    what it was built from (`keys`: source -> the builder's key, default `default_build_key`). A
+    build that was killed resumes where it stopped, gating only the tasks it had not decided
+    (instead of training on the part it had stored); a finished build whose source has changed since
+    (this release adds templates) gates only the tasks the store lacks. A source whose tasks are in
+    the store with no build recorded was built by hand (`tryloop tasks build ...`) and is used as it
+    is. `builders` (source -> builder) defaults to the factory's.
     """
     from tryloop.errors import TryloopError
     from tryloop.sandbox import SandboxRuntime
-    from tryloop.tasks.factory import build_functions, build_humaneval
+    from tryloop.tasks.factory import build_functions, build_humaneval, default_build_key
     from tryloop.tasks.gate import GateConfig
     from tryloop.tasks.store import TaskStore
 
@@ -36,15 +39,20 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None) -> 
     needed = [(cfg.train.source, "train")] + ([(cfg.train.check_source, "eval")] if cfg.train.check_source else [])
     for source, split in needed:
         state = store.build_state(source) if source else None
-        if state == "done" or (state is None and store.query(split=split, source=source)):
+        key = (keys or {}).get(source) if keys is not None else default_build_key(source or "", cfg.tasks.seed)
+        current = state == "done" and (key is None or store.build_key(source) == key)
+        if current or (state is None and store.query(split=split, source=source)):
             continue
         if source not in builders:
             raise TryloopError(f"no {split} tasks{f' of source {source}' if source else ''} in "
                                f"{cfg.tasks.store_url}: build them with `tryloop tasks build-default`")
-        skip = store.decided_ids(source) if state == "started" else set()
-        if skip:
+        skip = store.decided_ids(source) if state else set()
+        if state == "started" and skip:
             console.print(f"resuming the interrupted build of the {source} tasks: {len(skip)} already decided")
-        store.set_build_state(source, "started")
+        elif state == "done":
+            console.print(f"the {source} tasks of this release differ from the store's build: gating the ones "
+                          f"it lacks ({len(skip)} decided before are kept)")
+        store.set_build_state(source, "started", key)
         cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
         with Progress(TextColumn(f"building the {source} tasks (gated)"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
@@ -54,9 +62,9 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None) -> 
                 gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
                 eval_fraction=cfg.tasks.eval_fraction_for(source), seed=cfg.tasks.seed, skip=skip,
                 progress=lambda tid, _, bar=bar, prog=prog: prog.update(bar, advance=1, last=tid)))
-        store.set_build_state(source, "done")
+        store.set_build_state(source, "done", key)
         console.print(f"task store: {report.total_kept} {source} tasks kept, {report.total_rejected} rejected"
-                      + (f" ({len(skip)} decided before the interruption)" if skip else ""))
+                      + (f" ({len(skip)} decided before)" if skip else ""))
 
 
 def ensure_gate(cfg) -> None:

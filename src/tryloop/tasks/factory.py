@@ -351,17 +351,25 @@ async def build_humaneval(runtime: SandboxRuntime, store: TaskStore, work_dir: P
 
 
 async def build_functions(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, *, gate: GateConfig,
-                          eval_fraction: float, seed: int = 0, per_family: int = 8, concurrency: int = 2,
-                          families: list[str] | None = None, progress: Progress | None = None,
+                          eval_fraction: float, seed: int = 0, per_family: int | None = None,
+                          concurrency: int = 2, families: list[str] | None = None, progress: Progress | None = None,
                           skip: Collection[str] = ()) -> GateReport:
     """The synthesized function tasks (tiers 1-3, split by family; all templates or `families`), gated
     (all but the ids in `skip`)."""
-    from tryloop.tasks.sources.functions import function_tasks
+    from tryloop.tasks.sources.functions import PER_FAMILY, function_tasks
 
-    tasks = function_tasks(work_dir / "functions", per_family=per_family, seed=seed, families=families)
+    tasks = function_tasks(work_dir / "functions", per_family=per_family or PER_FAMILY, seed=seed, families=families)
     return await _admit_all(runtime, store, tasks, lambda t: f"functions:tier-{t.meta.origin['tier']}",
                             gate=gate, eval_fraction=eval_fraction, seed=seed, concurrency=concurrency,
                             progress=progress, skip=skip)
+
+
+def default_build_key(source: str, seed: int = 0) -> str | None:
+    """What the default build of `source` (`build_functions`, `build_humaneval`) is made of in this
+    release; None for a source that does not change between releases (HumanEval is a fixed set)."""
+    from tryloop.tasks.sources import functions
+
+    return functions.build_key(seed=seed) if source == functions.SOURCE else None
 
 
 async def build_family(runtime: SandboxRuntime, store: TaskStore, work_dir: Path, family: str, *,

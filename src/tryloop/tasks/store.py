@@ -137,10 +137,12 @@ class TaskStore:
         self.fs.rm(f"{self.base}/index/{fingerprint}.json")
         self.fs.rm(f"{self.base}/tasks/{_key(entry.id)}/{fingerprint}", recursive=True)
 
-    def set_build_state(self, source: str, state: str) -> None:
-        """Record how far a build of `source`'s default tasks got: "started", then "done". A build
+    def set_build_state(self, source: str, state: str, key: str | None = None) -> None:
+        """Record how far a build of `source`'s default tasks got: "started", then "done", and what
+        it was built from (`key`: the builder's, where its source changes between releases). A build
         admits task by task, so a store whose build was interrupted holds a part of the source."""
-        self._write_json(f"builds/{source}.json", {"source": source, "state": state, "time": time.time()})
+        self._write_json(f"builds/{source}.json", {"source": source, "state": state, "key": key,
+                                                   "time": time.time()})
 
     # ---- reading -------------------------------------------------------------
 
@@ -155,6 +157,11 @@ class TaskStore:
             raise StoreCorrupt(f"task store file {self.base}/{path}: state is {state!r}, not 'started' or 'done'; "
                                "remove it to have the source's build treated as hand-made, or set it")
         return state
+
+    def build_key(self, source: str) -> str | None:
+        """What the recorded build of `source` was made from (None: not recorded)."""
+        path = f"builds/{source}.json"
+        return self._read_json(path).get("key") if self.fs.exists(f"{self.base}/{path}") else None
 
     def decided_ids(self, source: str) -> set[str]:
         """Ids of `source` the store has admitted or rejected: what a resumed build does not gate again."""

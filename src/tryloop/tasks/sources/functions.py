@@ -22,6 +22,7 @@ outputs with the expected values on the host (tryloop.rewards.host_check).
 
 from __future__ import annotations
 
+import hashlib
 import random
 import string
 from collections.abc import Callable
@@ -203,6 +204,65 @@ TEMPLATES: tuple[Template, ...] = (
              "Return the length of s multiplied by {k}.", "return len(s) * {k}", _s, _k(2, 9)),
     Template("shorter-than", 1, ("shorter_than_{k}", "has_under_{k}_chars"), "s: str", "bool",
              "Return True if s has fewer than {k} characters, else False.", "return len(s) < {k}", _s, _k(1, 8)),
+    # A second batch of tier-1 families: one expression each, on strings, pairs and units. The
+    # bundled model passes a third of its tier-1 tasks, and its held-out zone (half the families)
+    # needs >= 100 tasks with a margin over the run-to-run spread of the zone measurement.
+    Template("first-chars", 1, ("first_{k}_chars", "head_{k}", "prefix_{k}"), "s: str", "str",
+             "Return the first {k} characters of s (all of s if it is shorter).", "return s[:{k}]", _s, _k(1, 6)),
+    Template("last-chars", 1, ("last_{k}_chars", "tail_{k}", "suffix_{k}"), "s: str", "str",
+             "Return the last {k} characters of s (all of s if it is shorter).", "return s[-{k}:]", _s, _k(1, 6)),
+    Template("drop-first", 1, ("drop_first_{k}", "skip_{k}_chars", "after_{k}"), "s: str", "str",
+             "Return s without its first {k} characters (an empty string if s is not longer).",
+             "return s[{k}:]", _s, _k(1, 6)),
+    Template("sum-divisible-by", 1, ("sum_divisible_by_{k}", "pair_sum_multiple_of_{k}"), "a: int, b: int",
+             "bool", "Return True if a plus b is divisible by {k}, else False.", "return (a + b) % {k} == 0",
+             _xy(0, 100), _k(2, 9)),
+    Template("clamp", 1, ("clamp_{a}_{b}", "bound_{a}_to_{b}"), "x: int", "int",
+             "Return x limited to the range {a} to {b}: {a} if x is below {a}, {b} if x is above {b}, else x.",
+             "return min(max(x, {a}), {b})", lambda rng, p: (rng.randint(p["a"] - 15, p["b"] + 15),),
+             lambda rng: (lambda a: {"a": a, "b": a + rng.randint(5, 30)})(rng.randint(0, 20))),
+    Template("unit-convert", 1, ("{big}_to_{small}",), "x: int", "int",
+             "Return the number of {small} in x {big}.", "return x * {factor}", _x(0, 100),
+             lambda rng: dict(zip(("big", "small", "factor"), rng.choice([
+                 ("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7),
+                 ("years", "months", 12), ("meters", "centimeters", 100), ("kilograms", "grams", 1000),
+                 ("feet", "inches", 12), ("dozens", "items", 12), ("kilometers", "meters", 1000)]), strict=True))),
+    Template("either-above", 1, ("either_above_{k}", "one_over_{k}"), "a: int, b: int", "bool",
+             "Return True if a or b (or both) is greater than {k}, else False.", "return a > {k} or b > {k}",
+             _xy(-20, 40), _k(0, 20)),
+    Template("sum-equals", 1, ("sums_to_{k}", "adds_up_to_{k}"), "a: int, b: int", "bool",
+             "Return True if a plus b equals {k}, else False.", "return a + b == {k}",
+             lambda rng, p: (lambda a: (a, rng.choice([p["k"] - a, rng.randint(-20, 40)])))(rng.randint(-20, 40)),
+             _k(0, 30)),
+    Template("contains-char", 1, ("has_letter_{c}", "contains_{c}"), "s: str", "bool",
+             "Return True if the letter '{c}' occurs in s, else False.", "return {c!r} in s", _s, _char),
+    Template("repeat-char", 1, ("row_of_{c}", "repeat_{c}"), "n: int", "str",
+             "Return a string made of the letter '{c}' repeated n times.", "return {c!r} * n", _x(0, 10), _char),
+    Template("char-from-end", 1, ("char_{k}_from_end", "back_{k}"), "s: str", "str",
+             "Return the character of s at position {k} counted from its end, where the last character is "
+             "at position 1 (s has at least {k} characters).", "return s[-{k}]",
+             lambda rng, p: (_word(rng, p["k"], p["k"] + 6),), _k(1, 5)),
+    Template("join-two", 1, ("join_with_{name}", "link_by_{name}"), "a: str, b: str", "str",
+             "Return a and b joined with '{sep}' between them.", "return a + {sep!r} + b",
+             lambda rng, p: (_word(rng, 0, 6), _word(rng, 0, 6)),
+             lambda rng: (lambda sep: {"sep": sep, "name": {"-": "dash", "_": "underscore", ":": "colon",
+                                                           "/": "slash", " ": "space", "=": "equals"}[sep]})(
+                 rng.choice("-_:/ ="))),
+    Template("is-word", 1, ("is_{w}", "equals_{w}", "says_{w}"), "s: str", "bool",
+             "Return True if s is exactly the text '{w}', else False.", "return s == {w!r}",
+             lambda rng, p: (rng.choice([p["w"], p["w"].upper(), _word(rng, 1, 6)]),),
+             lambda rng: {"w": rng.choice(["yes", "stop", "go", "hello", "done", "ok", "exit", "start", "quit"])}),
+    Template("close-to", 1, ("within_{k}", "close_within_{k}"), "a: int, b: int", "bool",
+             "Return True if a and b differ by at most {k}, else False.", "return abs(a - b) <= {k}",
+             lambda rng, p: (lambda a: (a, a + rng.randint(-2 * p["k"], 2 * p["k"])))(rng.randint(-30, 30)),
+             _k(1, 10)),
+    Template("round-down", 1, ("round_down_to_{k}", "floor_to_multiple_of_{k}"), "n: int", "int",
+             "Return the largest multiple of {k} that is at most the non-negative integer n.",
+             "return n - n % {k}", _x(0, 500), _k(2, 12)),
+    Template("average-of-two", 1, ("average_of_two", "midpoint", "mean_of_two"), "a: int, b: int", "float",
+             "Return the average of a and b as a float.", "return (a + b) / 2", _xy()),
+    Template("min-of-two", 1, ("smaller", "min_of_two", "lesser"), "a: int, b: int", "int",
+             "Return the smaller of a and b.", "return a if a <= b else b", _xy()),
     # --- tier 2: one pass over a list or a string ------------------------------------------------
     Template("sum-list-times", 2, ("sum_times_{k}_list", "scaled_total_{k}"), "xs: list[int]", "int",
              "Return the sum of the numbers in xs multiplied by {k}.", "return sum(xs) * {k}", _xs(), _k(2, 9)),
@@ -460,11 +520,13 @@ def function_task(v: Variant, dest: str | Path) -> Task:
                                                                           _fmt(t.body, v.params) + "\n"})
 
 
-def function_tasks(dest_root: str | Path, *, per_family: int = 6, seed: int = 0,
-                   families: list[str] | None = None) -> list[Task]:
-    """`per_family` variants of every template (or of `families`), written under `dest_root`."""
-    root = Path(dest_root)
-    out: list[Task] = []
+PER_FAMILY = 8     # variants per template in the default build (fewer where a template has fewer names)
+
+
+def function_variants(*, per_family: int = PER_FAMILY, seed: int = 0,
+                      families: list[str] | None = None) -> list[Variant]:
+    """`per_family` distinct variants of every template (or of `families`), in template order."""
+    out: list[Variant] = []
     for t in TEMPLATES:
         if families is not None and t.family not in families:
             continue
@@ -477,5 +539,23 @@ def function_tasks(dest_root: str | Path, *, per_family: int = 6, seed: int = 0,
             if key in names:
                 continue
             names.add(key)
-            out.append(function_task(v, root / SOURCE / f"{t.family}-{i}"))
+            out.append(v)
     return out
+
+
+def function_tasks(dest_root: str | Path, *, per_family: int = PER_FAMILY, seed: int = 0,
+                   families: list[str] | None = None) -> list[Task]:
+    """`per_family` variants of every template (or of `families`), written under `dest_root`."""
+    root = Path(dest_root)
+    return [function_task(v, root / SOURCE / f"{v.template.family}-{v.index}")
+            for v in function_variants(per_family=per_family, seed=seed, families=families)]
+
+
+def build_key(*, per_family: int = PER_FAMILY, seed: int = 0) -> str:
+    """What the default build of this source is made of (every variant's id, instruction and hidden
+    tests): a store built under another key lacks tasks (templates were added) and gates them."""
+    h = hashlib.sha256()
+    for v in function_variants(per_family=per_family, seed=seed):
+        for part in (v.task_id, instruction_for(v), hidden_test_source(v)):
+            h.update(part.encode() + b"\0")
+    return f"functions:{h.hexdigest()[:16]}"
