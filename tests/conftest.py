@@ -20,18 +20,34 @@ def runtime_config(tmp_path_factory) -> RuntimeConfig:
                          cgroup_name=f"tryloop-test-{os.getpid()}")
 
 
+_SESSION_RUNTIME: list = []          # the session's runtime, once a test asked for it
+_LEFT_OPEN_BY: dict[str, str] = {}   # sandbox id -> the test after which it was still open
+
+
 @pytest.fixture(scope="session")
 def runtime(runtime_config):
     from tryloop.sandbox import SandboxRuntime
 
     rt = SandboxRuntime(runtime_config)
+    _SESSION_RUNTIME.append(rt)
     yield rt
     # Nothing may outlive the session: every test closes what it opened.
     leftover = rt.live
     for root in set(rt.cgroups.controllers.values()):
         with contextlib.suppress(OSError):
             os.rmdir(root / runtime_config.cgroup_name)
-    assert not leftover, f"sandboxes left open by tests: {leftover}"
+    assert not leftover, "sandboxes left open by tests: " + ", ".join(
+        f"{sb!r} (open after {_LEFT_OPEN_BY.get(sb.id, '?')})" for sb in leftover)
+
+
+@pytest.fixture(autouse=True)
+def _name_the_test_that_leaves_a_sandbox_open(request):
+    """The session's check above fails at its end; this names the test a leftover sandbox outlived."""
+    before = {sb.id for sb in _SESSION_RUNTIME[0].live} if _SESSION_RUNTIME else set()
+    yield
+    for sb in _SESSION_RUNTIME[0].live if _SESSION_RUNTIME else ():
+        if sb.id not in before:
+            _LEFT_OPEN_BY.setdefault(sb.id, request.node.nodeid)
 
 
 @pytest.fixture

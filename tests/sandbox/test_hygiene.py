@@ -170,6 +170,27 @@ async def test_sigkilled_init_close_without_waiting(runtime, small_config):
     assert not (runtime.records_dir / f"{sb.id}.json").exists()
 
 
+async def test_a_close_cancelled_while_it_waits_for_the_init_still_releases_everything(runtime, small_config):
+    fds0 = fd_count()
+    sb = await runtime.create(None, small_config)
+    await sb.start(["sleep", "1000"])
+    pidfd = os.pidfd_open(sb.init_pid)
+    try:
+        closing = asyncio.create_task(sb.close())
+        await asyncio.sleep(0)          # the close is now waiting for the init to exit
+        closing.cancel()                # as a timeout or a shutdown around it would
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert wait_exit(pidfd, 10)     # the init was killed and reaped all the same
+    finally:
+        os.close(pidfd)
+    await sb.close()                    # a second close has nothing left to do
+    assert sb not in runtime.live
+    assert not cgroup_dirs(runtime, sb.id)
+    assert not (runtime.records_dir / f"{sb.id}.json").exists()
+    await eventually(lambda: fd_count() == fds0, 5)
+
+
 async def test_agent_killing_everything_leaves_sandbox_usable(runtime, small_config):
     async with await runtime.create(None, small_config) as sb:
         for _ in range(3):

@@ -281,6 +281,26 @@ async def test_close_during_refill_leaks_nothing(runtime, snap, small_config, re
                 await sb.close()
 
 
+async def test_a_refill_cancelled_mid_round_leaks_nothing(runtime, snap, small_config, registry, name):
+    """What close does to a refill stuck past its wait: the sandboxes of the round that were already
+    made are destroyed with the pool, not dropped with the cancelled round."""
+    before = {sb.id for sb in runtime.live}
+    pool = WarmPool(runtime, snap, small_config, PoolConfig(size=3, refill_concurrency=3), name=name,
+                    registry=registry)
+    await pool.start(wait=False)
+    try:
+        while not {sb.id for sb in runtime.live} - before:
+            await asyncio.sleep(0)
+        pool._refiller.cancel()
+        await asyncio.gather(pool._refiller, return_exceptions=True)
+        await pool.close()
+        assert not [sb for sb in runtime.live if sb.id not in before]
+    finally:
+        for sb in runtime.live:
+            if sb.id not in before:
+                await sb.close()
+
+
 def test_metrics_follow_a_new_registry_with_a_reused_id():
     for _ in range(20):
         r = CollectorRegistry()

@@ -81,6 +81,7 @@ class WarmPool:
         self._in_use: set[Sandbox] = set()
         self._creating = 0
         self._resetting = 0
+        self._unplaced: set[Sandbox] = set()  # created, not yet idle, in use or destroyed
         self._wake = asyncio.Event()
         self._idle_event = asyncio.Event()
         self._closed = False
@@ -118,18 +119,21 @@ class WarmPool:
         """Destroy every sandbox of the pool, idle or in use."""
         self._closed = True
         self._wake.set()
-        if self._refiller:
+        if self._refiller and not self._refiller.done():
             # Not cancelled: a cancelled gather would drop sandboxes whose creation
             # already finished. The loop sees _closed and destroys what it made.
             try:
                 await asyncio.wait_for(asyncio.shield(self._refiller), 30)
             except TimeoutError:
+                # A refill stuck past that is cancelled; what it had already made is in _unplaced.
                 self._refiller.cancel()
+                await asyncio.gather(self._refiller, return_exceptions=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        victims = list(self._idle) + list(self._in_use)
+        victims = list(self._idle) + list(self._in_use) + list(self._unplaced)
         self._idle.clear()
         self._in_use.clear()
+        self._unplaced.clear()
         await asyncio.gather(*(self._destroy(sb) for sb in victims), return_exceptions=True)
         self._update_gauges()
 
@@ -161,6 +165,7 @@ class WarmPool:
         if self.live + self._creating >= self.config.max_live:
             raise SandboxError(f"pool {self.name}: max_live={self.config.max_live} sandboxes already alive")
         sb = await self._create()
+        self._unplaced.discard(sb)
         self._in_use.add(sb)
         self.misses += 1
         self._record_acquire("miss", t0)
@@ -224,6 +229,7 @@ class WarmPool:
         t0 = time.perf_counter()
         try:
             sb = await self.runtime.create(self.snapshot, self.sandbox_config)
+            self._unplaced.add(sb)      # a cancelled gather of creations would drop it otherwise
         except Exception:
             self.metrics.failures.labels(self.label, "create_failed").inc()
             raise
@@ -253,6 +259,7 @@ class WarmPool:
             results = await asyncio.gather(*(self._create() for _ in range(n)), return_exceptions=True)
             for r in results:
                 if isinstance(r, Sandbox):
+                    self._unplaced.discard(r)
                     if self._closed:
                         await self._destroy(r)
                     else:

@@ -183,11 +183,15 @@ class Sandbox:
             return
         self._closed = True
         self._detach("sandbox closed")
-        if self._pidfd >= 0:
-            # Closing the socket makes the init kill the sandbox and exit.
-            await self._wait_init_exit(5.0)
-        self._release_init()
-        self.runtime._forget(self)
+        try:
+            if self._pidfd >= 0:
+                # Closing the socket makes the init kill the sandbox and exit.
+                await self._wait_init_exit(5.0)
+        finally:
+            # Also when the wait is cancelled (a timeout or a shutdown around the close): a second
+            # close returns at once, so this one must release what the sandbox holds.
+            self._release_init()
+            self.runtime._forget(self)
 
     def _release_init(self) -> None:
         """Reap the init (a child of this process) and close its pidfd; kill it first if needed."""
