@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -40,11 +41,17 @@ def test_verify_shows_verdicts_and_flags(runtime_config, task, tmp_path):
     assert res.exit_code != 0 and "unknown attack" in res.output
 
 
-def test_gate_rescore_and_spot_check_on_a_run(runtime, runtime_config, task, tmp_path):
+@pytest.mark.slow   # the gate's decisions are tested in test_gold.py; this is its command on a whole gold set
+def test_gate_command_approves_the_current_reward_version(runtime_config, task, tmp_path):
     cfg = config(runtime_config, tmp_path)
     TaskStore(tmp_path / "tasks").add(task)
     res = CliRunner().invoke(app, ["reward", "gate", "-c", cfg])
     assert res.exit_code == 0 and "APPROVED" in res.output, res.output
+
+
+def test_rescore_and_spot_check_on_a_run(runtime, runtime_config, task, tmp_path):
+    cfg = config(runtime_config, tmp_path)
+    TaskStore(tmp_path / "tasks").add(task)
 
     async def episodes():
         envs = Environments(runtime)

@@ -333,6 +333,7 @@ def test_resume_after_sigkill_continues_like_an_uninterrupted_run(train_root, tm
         assert weights_digest(run_b) != digest_before_kill   # step 2 updated the resumed weights
 
 
+@pytest.mark.slow   # two runs in subprocesses, one killed: ~2 min on 2 cores
 def test_a_kill_during_the_final_evaluation_resumes_the_evaluation_alone(train_root, tmp_path):
     """The last step is checkpointed before its evaluations (they run with the optimizer state
     freed): killed during them, the run is resumed without redoing the step, and the evaluation
