@@ -263,42 +263,38 @@ async def test_metrics_follow_a_new_registry(runtime, snap, small_config, regist
         await quiesce(p2)
 
 
-async def test_close_during_refill_leaks_nothing(runtime, snap, small_config, registry, name):
+async def _leaks_of_a_pool_closed_mid_refill(runtime, snap, small_config, registry, name, *, size: int,
+                                             cancel_refill: bool) -> list:
+    """Start a pool without waiting, close it as soon as the first sandbox of its refill round
+    exists (polling every loop turn), first cancelling the round if asked; the sandboxes left."""
     before = {sb.id for sb in runtime.live}
-    pool = WarmPool(runtime, snap, small_config, PoolConfig(size=2, refill_concurrency=2), name=name,
+    pool = WarmPool(runtime, snap, small_config, PoolConfig(size=size, refill_concurrency=size), name=name,
                     registry=registry)
     await pool.start(wait=False)
     try:
-        # Close as soon as the first sandbox of the refill round exists (poll every loop turn).
         while not {sb.id for sb in runtime.live} - before:
             await asyncio.sleep(0)
+        if cancel_refill:
+            pool._refiller.cancel()
+            await asyncio.gather(pool._refiller, return_exceptions=True)
         await pool.close()
-        leaked = [sb for sb in runtime.live if sb.id not in before]
-        assert not leaked
+        return [sb for sb in runtime.live if sb.id not in before]
     finally:
         for sb in runtime.live:
             if sb.id not in before:
                 await sb.close()
+
+
+async def test_close_during_refill_leaks_nothing(runtime, snap, small_config, registry, name):
+    assert not await _leaks_of_a_pool_closed_mid_refill(runtime, snap, small_config, registry, name, size=2,
+                                                        cancel_refill=False)
 
 
 async def test_a_refill_cancelled_mid_round_leaks_nothing(runtime, snap, small_config, registry, name):
     """What close does to a refill stuck past its wait: the sandboxes of the round that were already
     made are destroyed with the pool, not dropped with the cancelled round."""
-    before = {sb.id for sb in runtime.live}
-    pool = WarmPool(runtime, snap, small_config, PoolConfig(size=3, refill_concurrency=3), name=name,
-                    registry=registry)
-    await pool.start(wait=False)
-    try:
-        while not {sb.id for sb in runtime.live} - before:
-            await asyncio.sleep(0)
-        pool._refiller.cancel()
-        await asyncio.gather(pool._refiller, return_exceptions=True)
-        await pool.close()
-        assert not [sb for sb in runtime.live if sb.id not in before]
-    finally:
-        for sb in runtime.live:
-            if sb.id not in before:
-                await sb.close()
+    assert not await _leaks_of_a_pool_closed_mid_refill(runtime, snap, small_config, registry, name, size=3,
+                                                        cancel_refill=True)
 
 
 def test_metrics_follow_a_new_registry_with_a_reused_id():
