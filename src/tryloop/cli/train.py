@@ -39,7 +39,7 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
     needed = [(cfg.train.source, "train")] + ([(cfg.train.check_source, "eval")] if cfg.train.check_source else [])
     for source, split in needed:
         state = store.build_state(source) if source else None
-        key = (keys or {}).get(source) if keys is not None else default_build_key(source or "", cfg.tasks.seed)
+        key = keys.get(source) if keys is not None else default_build_key(source or "", cfg.tasks.seed)
         current = state == "done" and (key is None or store.build_key(source) == key)
         if current or (state is None and store.query(split=split, source=source)):
             continue
