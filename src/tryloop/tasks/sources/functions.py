@@ -264,7 +264,7 @@ TEMPLATES: tuple[Template, ...] = (
     Template("min-of-two", 1, ("smaller", "min_of_two", "lesser"), "a: int, b: int", "int",
              "Return the smaller of a and b.", "return a if a <= b else b", _xy()),
     # A third batch in the shapes the bundled model passes a third to a half of the time (an equality
-    # or a remainder test, a power, a length): measured per family, 16 of the 17 families of the
+    # or a remainder test, a power, a length): measured per family, 11 of the 17 families of the
     # second batch held no more than one task of the model's zone.
     Template("difference-equals", 1, ("differ_by_{k}", "gap_is_{k}"), "a: int, b: int", "bool",
              "Return True if a minus b equals {k}, else False.", "return a - b == {k}",
