@@ -125,5 +125,5 @@ def test_bounded_onednn_caches_keep_many_matmul_shapes_from_growing_the_process(
     growth = {mode: float(subprocess.run([sys.executable, "-c", _MANY_SHAPES, mode], env=env, check=True,
                                          capture_output=True, text=True).stdout.split()[-1])
               for mode in ("default", "bounded")}
-    assert growth["default"] > 300                 # the library's own caches: ~2 MB a shape here
+    assert growth["default"] > 150                 # the library's own caches: 1-2 MB a shape (276-600 MB seen)
     assert growth["bounded"] < growth["default"] / 4
