@@ -146,22 +146,26 @@ class TaskStore:
 
     # ---- reading -------------------------------------------------------------
 
+    def _build_record(self, source: str) -> dict[str, Any] | None:
+        """The recorded build of `source` (None where none was recorded)."""
+        path = f"builds/{source}.json"
+        return self._read_json(path) if self.fs.exists(f"{self.base}/{path}") else None
+
     def build_state(self, source: str) -> str | None:
         """How far the recorded build of `source` got: "started", "done", or None where none was
         recorded (none ran, or the tasks were added by hand)."""
-        path = f"builds/{source}.json"
-        if not self.fs.exists(f"{self.base}/{path}"):
+        record = self._build_record(source)
+        if record is None:
             return None
-        state = self._read_json(path).get("state")
+        state = record.get("state")
         if state not in ("started", "done"):
-            raise StoreCorrupt(f"task store file {self.base}/{path}: state is {state!r}, not 'started' or 'done'; "
-                               "remove it to have the source's build treated as hand-made, or set it")
+            raise StoreCorrupt(f"task store file {self.base}/builds/{source}.json: state is {state!r}, not 'started' "
+                               "or 'done'; remove it to have the source's build treated as hand-made, or set it")
         return state
 
     def build_key(self, source: str) -> str | None:
         """What the recorded build of `source` was made from (None: not recorded)."""
-        path = f"builds/{source}.json"
-        return self._read_json(path).get("key") if self.fs.exists(f"{self.base}/{path}") else None
+        return (self._build_record(source) or {}).get("key")
 
     def decided_ids(self, source: str) -> set[str]:
         """Ids of `source` the store has admitted or rejected: what a resumed build does not gate again."""
