@@ -33,6 +33,11 @@ SPEC = {"components": [{"name": "correctness", "kind": "tests", "weight": 1.0},
                        {"name": "brevity", "kind": "tokens", "weight": 0.1, "budget": 160}]}
 
 
+# Episodes cut short where a test needs the loop's shape, not answers worth their length: the
+# model writes about 10 tokens/s per sequence on 2 cores.
+SHORT = {"max_turns": 1, "max_new_tokens": 48, "max_total_tokens": 48, "max_context_tokens": 1024}
+
+
 def write_config(root: Path, name: str = "config.yaml", **train) -> Path:
     doc = {
         "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": "tryloop-test"},
@@ -139,7 +144,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_previous_one_stays(tm
 def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     from tryloop.train.run import train
 
-    cfg = load_yaml(write_config(train_root, run_id="short"))
+    cfg = load_yaml(write_config(train_root, run_id="short", concurrency=2))   # the group's two at once
     # Its metrics are served while it runs (any free port) and scraped after each step.
     cfg = cfg.model_copy(update={"telemetry": cfg.telemetry.model_copy(update={"metrics_port": 0})})
     url, scraped = [], []
@@ -376,7 +381,7 @@ def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_se
 
     path = write_config(fn_root, run_id="zone", source="functions", zone=True, zone_k=1, zone_lo=0.0,
                         zone_hi=1.0, steps=1, eval_tasks=1, eval_at_start=True, eval_k=1,
-                        check_source="humaneval", check_tasks=1)
+                        check_source="humaneval", check_tasks=1, concurrency=4, limits=SHORT)
     cfg = load_yaml(path)
     events: list[str] = []
     res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: events.append(e)))
@@ -423,7 +428,7 @@ def test_no_task_in_the_zone_is_a_clear_error(fn_root):
 
     # With one sample per task a pass rate is 0 or 1: a band around 0.5 holds nothing.
     cfg = load_yaml(write_config(fn_root, run_id="nozone", source="functions", zone=True, zone_k=1, zone_lo=0.4,
-                                 zone_hi=0.6, check_source=None))
+                                 zone_hi=0.6, check_source=None, limits=SHORT))
     with pytest.raises(TryloopError, match="no task is in the learning zone") as e:
         asyncio.run(train(cfg, cfg.train))
     n_train = len(TaskStore(cfg.tasks.store_url).query(split="train", source="functions"))
