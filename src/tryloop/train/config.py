@@ -87,6 +87,10 @@ class TrainConfig(_Model):
     activation_checkpointing: bool = Field(True, description="keep only each decoder layer's input "
                                            "and recompute the layer in the backward pass: the update's "
                                            "memory no longer grows with layers x tokens, for one extra forward")
+    shared_prefix: bool = Field(True, description="run the prompt a micro-batch's sequences share "
+                                "(the system prompt, a group's whole prompt) once per micro-batch instead "
+                                "of once per sequence: the same log-probabilities and gradients, less work; "
+                                "models with sliding-window attention take the plain path")
     grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step; None = "
                                    "one optimizer step per call over the whole batch")
     max_length: int = Field(4096, ge=2, description="sequences are cut to this many tokens (tail dropped)")

@@ -26,6 +26,7 @@ from torch import nn
 
 from tryloop.agent.hf import bf16_supported
 from tryloop.agent.trajectory import Trajectory
+from tryloop.train import shared_prefix
 from tryloop.train.batch import Batch, collate
 from tryloop.train.config import TrainConfig
 from tryloop.train.losses import normaliser, policy_loss, tis_weights
@@ -126,6 +127,10 @@ class Learner:
         self.tokenizer = tokenizer
         self.model = _with_lora(model, cfg) if cfg.lora else model
         _checkpoint_layers(self.model, cfg.activation_checkpointing)
+        decoder = _base(self.model).get_decoder()
+        self.shared_prefix = cfg.shared_prefix and shared_prefix.supported(decoder, cfg.activation_checkpointing)
+        if self.shared_prefix:
+            shared_prefix.keep_cache_under_checkpointing(decoder)
         self.device = next(self.model.parameters()).device
         self.pad_id = self._pad_id()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -156,11 +161,16 @@ class Learner:
     def _hidden(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, nn.Module]:
         """The decoder's hidden states (B, T-1, H) that predict the target tokens, under bf16
         autocast when `amp` allows it, and the output projection."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = _base(model)
+        decoder = base.get_decoder()
+        prefix = shared_prefix.prefix_length(batch.input_ids, batch.attention_mask) if self.shared_prefix else 0
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            hidden = base.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                        use_cache=False).last_hidden_state[:, :-1]
-        return hidden, base.get_output_embeddings()
+            if prefix:
+                hidden = shared_prefix.hidden_states(decoder, batch.input_ids, batch.attention_mask, prefix)
+            else:
+                hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 use_cache=False).last_hidden_state
+        return hidden[:, :-1], base.get_output_embeddings()
 
     def _forward(self, model: nn.Module, batch: Batch, temperature: float | None = None) -> torch.Tensor:
         """New logprobs (B, T-1) of the target tokens where the loss mask is set (0 elsewhere); the
@@ -218,8 +228,12 @@ class Learner:
         pairs = list(zip(trajectories, advantages, strict=True))
         per_step = cfg.micro_batch * cfg.grad_accum if cfg.grad_accum else len(pairs)
         plan = []
+        # Sorted by length, so a micro-batch pads little; with a shared prefix, by prompt first, so a
+        # group's episodes share a micro-batch and its whole prompt runs once.
+        key = (lambda p: (p[0].token_ids[:p[0].prompt_length], len(p[0].token_ids))) if self.shared_prefix \
+            else (lambda p: len(p[0].token_ids))
         for mini in _chunks(pairs, per_step):
-            mini.sort(key=lambda p: len(p[0].token_ids))
+            mini.sort(key=key)
             plan.append([collate([t for t, _ in mb], [a for _, a in mb], cfg.max_length, self.pad_id)
                          .to(self.device) for mb in _chunks(mini, cfg.micro_batch)])
         return plan
@@ -418,11 +432,16 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 
 
+def _base(model: nn.Module) -> nn.Module:
+    """The transformers model under a LoRA (peft) wrapper, or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _checkpoint_layers(model: nn.Module, enable: bool) -> None:
     """Activation checkpointing of the decoder layers on or off (the model may come with either),
     non-reentrant: it works with inputs that need no grad, as under LoRA, and with autocast.
     Newer transformers name the switches `activation_checkpointing_*`, older ones `gradient_*`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     new_names = hasattr(base, "activation_checkpointing_enable")
     if not enable:
         on = base.is_activation_checkpointing if new_names else getattr(base, "is_gradient_checkpointing", False)

@@ -1,0 +1,133 @@
+"""The prompt a micro-batch shares, run once.
+
+Every sequence of a training run starts with the same chat-templated system prompt (tools,
+answer conventions), and the sequences of one group share their whole prompt: on the default
+run that is ~80 % of each sequence's tokens. The update's forward and backward passes cost in
+proportion to tokens, so running that prefix once per micro-batch instead of once per row is
+the largest saving the update has.
+
+Exact, not an approximation: the prefix's hidden states and its keys/values are computed once
+(batch 1) and every row attends to them, so each row sees the same values it would in a full
+pass, and the gradient of every row flows back through the one prefix computation (autograd
+sums the rows' contributions where the prefix's keys/values are expanded to the batch).
+
+Two KV caches carry the prefix from one pass to the other, both safe under activation
+checkpointing, which runs a layer's forward a second time in the backward pass:
+
+- `_Recorder` (the prefix pass) keeps the states a layer hands it, replacing, not appending, so
+  the replay stores the same thing again;
+- `_Reader` (the rest of the rows) returns the prefix's states followed by the new ones and
+  stores nothing, so the replay reads what the first forward read.
+
+A layer drops its cache under checkpointing unless it is marked as able to keep it
+(`_can_checkpoint_with_cache`, which transformers sets only for layers that never write); the
+learner marks its own model's layers, which these two caches make safe. Models whose layers are
+not all full-attention caches (sliding windows), or a transformers without that mark, take the
+plain path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+MIN_PREFIX = 16   # shorter shared prefixes are not worth a second decoder call
+
+
+def _layer_types() -> tuple[type, type, type] | None:
+    """(Cache, DynamicLayer, DynamicCache), or None for a transformers without cache layers."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import Cache, DynamicLayer
+    except ImportError:
+        return None
+    return Cache, DynamicLayer, DynamicCache
+
+
+def supported(decoder: nn.Module, checkpointing: bool) -> bool:
+    """Whether `decoder` (the model's `get_decoder()`) can run a shared prefix: full-attention
+    layers only, and, with activation checkpointing, a transformers whose checkpointed layers can
+    be told to keep their cache."""
+    types = _layer_types()
+    config = getattr(decoder, "config", None)
+    layers = getattr(decoder, "layers", None)
+    if types is None or config is None or layers is None:
+        return False
+    _, dynamic_layer, dynamic_cache = types
+    try:
+        cache_layers = getattr(dynamic_cache(config=config), "layers", None)
+    except Exception:  # noqa: BLE001 - a config the cache cannot read: take the plain path
+        return False
+    if not cache_layers or any(type(x) is not dynamic_layer for x in cache_layers):
+        return False
+    if "cache" not in _params(decoder) and "past_key_values" not in _params(decoder):
+        return False
+    return not checkpointing or all(hasattr(type(x), "_can_checkpoint_with_cache") for x in layers)
+
+
+def keep_cache_under_checkpointing(decoder: nn.Module) -> None:
+    """Mark this model's decoder layers (the instances, not their class) as keeping the cache
+    they are given when checkpointed: only `_Recorder` and `_Reader` are ever given one in a
+    pass with gradients, and both give the replay what the first forward saw."""
+    for layer in decoder.layers:
+        layer._can_checkpoint_with_cache = True
+
+
+def _params(decoder: nn.Module) -> Any:
+    return inspect.signature(decoder.forward).parameters
+
+
+def prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """Leading positions where every row holds the same real token, leaving each row at least
+    one position of its own (the last prefix position's hidden state is still needed: it
+    predicts the row's first own token). 0 when shorter than `MIN_PREFIX` or a single row."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & (attention_mask > 0).all(0)
+    differs = (~same).nonzero()
+    n = int(differs[0]) if differs.numel() else input_ids.shape[1]
+    n = min(n, int(attention_mask.sum(1).min()) - 1)
+    return n if n >= MIN_PREFIX else 0
+
+
+def hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  prefix: int) -> torch.Tensor:
+    """The decoder's last hidden states (B, T, H) for the whole batch, its first `prefix`
+    positions (the same in every row) run once."""
+    cache_types = _layer_types()
+    assert cache_types is not None
+    cache_cls, dynamic_layer, _ = cache_types
+    kw = "cache" if "cache" in _params(decoder) else "past_key_values"
+    n_layers = decoder.config.num_hidden_layers
+    b = input_ids.shape[0]
+
+    class _Recorder(dynamic_layer):  # type: ignore[misc, valid-type]
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys, self.values, self.is_initialized = key_states, value_states, True
+            return key_states, value_states
+
+        def get_seq_length(self) -> int:
+            return 0   # asked before the pass only: the prefix starts at position 0
+
+    class _Reader(dynamic_layer):  # type: ignore[misc, valid-type]
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            super().__init__()
+            self.keys, self.values, self.is_initialized = keys, values, True
+            self.device = keys.device
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
+
+    recorded = cache_cls(layers=[_Recorder() for _ in range(n_layers)])
+    head = decoder(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix],
+                   use_cache=False, **{kw: recorded}).last_hidden_state
+    shared = cache_cls(layers=[_Reader(x.keys.expand(b, -1, -1, -1), x.values.expand(b, -1, -1, -1))
+                               for x in recorded.layers])
+    tail = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=False,
+                   **{kw: shared}).last_hidden_state
+    return torch.cat([head.expand(b, -1, -1), tail], 1)
