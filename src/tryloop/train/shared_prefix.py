@@ -1,10 +1,10 @@
 """The prompt a micro-batch shares, run once.
 
 Every sequence of a training run starts with the same chat-templated system prompt (tools,
-answer conventions), and the sequences of one group share their whole prompt: on the default
-run that is ~80 % of each sequence's tokens. The update's forward and backward passes cost in
-proportion to tokens, so running that prefix once per micro-batch instead of once per row is
-the largest saving the update has.
+answer conventions), and the sequences of one group share their whole prompt. With a group in
+one micro-batch, the default run's decoder then runs about half of the token positions it would
+run row by row (a function task's prompt is ~130 tokens, its answer up to 192), and multi-turn
+episodes, whose later turns carry the earlier ones, share more.
 
 Exact, not an approximation: the prefix's hidden states and its keys/values are computed once
 (batch 1) and every row attends to them, so each row sees the same values it would in a full
