@@ -114,3 +114,12 @@ def repro_task(tmp_path_factory):
 def repro_test() -> bytes:
     """A test that reproduces `repro_task`'s bug: fails on the broken workspace, passes with the fix."""
     return REPRO_TEST
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2, loaded once per session from the user's model cache (the first session
+    on a machine converts the GGUF into the cache, ~35 s; later ones read it in a few seconds)."""
+    from tryloop.agent.hf import load_model
+
+    return load_model("smollm2-135m", device="cpu")

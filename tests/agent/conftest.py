@@ -1,19 +1,8 @@
-"""The bundled SmolLM2, loaded once per session from the user's model cache.
-
-The first session on a machine converts the GGUF into the cache (~35 s); every
-later one reads the cached checkpoint (a few seconds).
-"""
+"""Decoding tests' shared settings (the bundled model itself, `smollm2`, is the top conftest's)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    from tryloop.agent.hf import load_model
-
-    return load_model("smollm2-135m", device="cpu")
 
 
 @pytest.fixture(scope="module")

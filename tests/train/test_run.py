@@ -35,7 +35,7 @@ SPEC = {"components": [{"name": "correctness", "kind": "tests", "weight": 1.0},
 
 # Episodes cut short where a test needs the loop's shape, not answers worth their length: the
 # model writes about 10 tokens/s per sequence on 2 cores.
-SHORT = {"max_turns": 1, "max_new_tokens": 48, "max_total_tokens": 48, "max_context_tokens": 1024}
+SHORT = {"max_turns": 1, "max_new_tokens": 64, "max_total_tokens": 64, "max_context_tokens": 1024}
 
 
 def write_config(root: Path, name: str = "config.yaml", **train) -> Path:

@@ -22,14 +22,6 @@ ANSWERS = ["```python\ndef add(a, b):\n    return a + b\n```",
            "```python\ndef is_even(n):\n    return not n & 1\n```"]
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    from tryloop.agent.hf import load_model
-
-    loaded = load_model("smollm2-135m", device="cpu")
-    return loaded.model, loaded.tokenizer
-
-
 def episodes(tok) -> list[Trajectory]:
     """Four episodes, two groups of two: a group shares its whole prompt, all share the system
     prompt; answers of different lengths, so the batch is padded."""
@@ -54,8 +46,8 @@ def gradients(learner: Learner, trajs: list[Trajectory]) -> dict[str, torch.Tens
 
 
 @pytest.mark.parametrize(("checkpointing", "lora"), [(True, False), (False, False), (True, True)])
-def test_the_shared_prefix_gives_the_full_passes_logprobs_and_gradients(smollm, checkpointing, lora):
-    model, tok = smollm
+def test_the_shared_prefix_gives_the_full_passes_logprobs_and_gradients(smollm2, checkpointing, lora):
+    model, tok = smollm2.model, smollm2.tokenizer
     trajs = episodes(tok)
     batch = Learner(copy.deepcopy(model), TrainConfig(micro_batch=4), tokenizer=tok)._plan(trajs, [0.0] * 4)[0][0]
     p = shared_prefix.prefix_length(batch.input_ids, batch.attention_mask)

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 import yaml
-from test_run import DRIVER, learner_steps, train_root, weights_digest, write_config  # noqa: F401  (train_root: the module-scoped store + gate fixture)
+from test_run import DRIVER, SHORT, learner_steps, train_root, weights_digest, write_config  # noqa: F401  (train_root: the module-scoped store + gate fixture)
 
 from ray_cluster import local_cluster
 from tryloop.config import load_yaml
@@ -35,7 +35,6 @@ def cluster():
 
 
 # Short answers keep each step to seconds on two shared cores (the episodes are real all the same).
-SHORT = {"max_turns": 1, "max_new_tokens": 64, "max_total_tokens": 64, "max_context_tokens": 1024}
 
 
 def ray_config(root, name: str, scheduler: dict | None = None, **train):

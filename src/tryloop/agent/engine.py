@@ -228,9 +228,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.max_context = model_context(model)
         self.default_stop_ids = frozenset(_eos_ids(model, tokenizer))
-        # transformers 5 renamed the forward's `past_key_values` to `cache`.
         params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else "num_logits_to_keep"
         _check_cache_layout(model)
         self._weights_version = weights_version
@@ -641,15 +640,29 @@ def kv_bytes_per_token(model: Any, dtype: torch.dtype | None = None) -> int:
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize
 
 
-def _check_cache_layout(model: Any) -> None:
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+def cache_kwarg(module: Any) -> str:
+    """The name `module.forward` takes its KV cache by: transformers 5 renamed `past_key_values`
+    to `cache`."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
-    layers = getattr(DynamicCache(config=model.config), "layers", None)
+
+def full_attention_cache(config: Any) -> bool | None:
+    """Whether every layer of `config`'s model keeps a plain, full-attention KV cache (no sliding
+    windows); None for a transformers whose caches have no layers (before 4.56)."""
+    from transformers import DynamicCache
+
+    layers = getattr(DynamicCache(config=config), "layers", None)
     if layers is None:
+        return None
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _check_cache_layout(model: Any) -> None:
+    full = full_attention_cache(model.config)
+    if full is None:
         raise EngineError("the engine needs transformers >= 4.56 (DynamicCache with layers)")
     # Right-aligned batching assumes every layer keeps all its columns: no sliding windows.
-    if any(type(layer) is not DynamicLayer for layer in layers):
+    if not full:
         raise EngineError(f"{type(model).__name__}: only full-attention KV caches are supported")
 
 

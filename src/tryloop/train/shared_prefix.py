@@ -28,42 +28,23 @@ plain path.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer
+
+from tryloop.agent.engine import cache_kwarg, full_attention_cache
 
 MIN_PREFIX = 16   # shorter shared prefixes are not worth a second decoder call
-
-
-def _layer_types() -> tuple[type, type, type] | None:
-    """(Cache, DynamicLayer, DynamicCache), or None for a transformers without cache layers."""
-    try:
-        from transformers import DynamicCache
-        from transformers.cache_utils import Cache, DynamicLayer
-    except ImportError:
-        return None
-    return Cache, DynamicLayer, DynamicCache
 
 
 def supported(decoder: nn.Module, checkpointing: bool) -> bool:
     """Whether `decoder` (the model's `get_decoder()`) can run a shared prefix: full-attention
     layers only, and, with activation checkpointing, a transformers whose checkpointed layers can
     be told to keep their cache."""
-    types = _layer_types()
-    config = getattr(decoder, "config", None)
     layers = getattr(decoder, "layers", None)
-    if types is None or config is None or layers is None:
-        return False
-    _, dynamic_layer, dynamic_cache = types
-    try:
-        cache_layers = getattr(dynamic_cache(config=config), "layers", None)
-    except Exception:  # noqa: BLE001 - a config the cache cannot read: take the plain path
-        return False
-    if not cache_layers or any(type(x) is not dynamic_layer for x in cache_layers):
-        return False
-    if "cache" not in _params(decoder) and "past_key_values" not in _params(decoder):
+    if layers is None or not full_attention_cache(decoder.config):
         return False
     return not checkpointing or all(hasattr(type(x), "_can_checkpoint_with_cache") for x in layers)
 
@@ -74,10 +55,6 @@ def keep_cache_under_checkpointing(decoder: nn.Module) -> None:
     pass with gradients, and both give the replay what the first forward saw."""
     for layer in decoder.layers:
         layer._can_checkpoint_with_cache = True
-
-
-def _params(decoder: nn.Module) -> Any:
-    return inspect.signature(decoder.forward).parameters
 
 
 def prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
@@ -97,14 +74,11 @@ def hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: t
                   prefix: int) -> torch.Tensor:
     """The decoder's last hidden states (B, T, H) for the whole batch, its first `prefix`
     positions (the same in every row) run once."""
-    cache_types = _layer_types()
-    assert cache_types is not None
-    cache_cls, dynamic_layer, _ = cache_types
-    kw = "cache" if "cache" in _params(decoder) else "past_key_values"
+    kw = cache_kwarg(decoder)
     n_layers = decoder.config.num_hidden_layers
     b = input_ids.shape[0]
 
-    class _Recorder(dynamic_layer):  # type: ignore[misc, valid-type]
+    class _Recorder(DynamicLayer):
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             self.keys, self.values, self.is_initialized = key_states, value_states, True
@@ -113,7 +87,7 @@ def hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: t
         def get_seq_length(self) -> int:
             return 0   # asked before the pass only: the prefix starts at position 0
 
-    class _Reader(dynamic_layer):  # type: ignore[misc, valid-type]
+    class _Reader(DynamicLayer):
         def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
             super().__init__()
             self.keys, self.values, self.is_initialized = keys, values, True
@@ -123,10 +97,10 @@ def hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: t
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
 
-    recorded = cache_cls(layers=[_Recorder() for _ in range(n_layers)])
+    recorded = Cache(layers=[_Recorder() for _ in range(n_layers)])
     head = decoder(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix],
                    use_cache=False, **{kw: recorded}).last_hidden_state
-    shared = cache_cls(layers=[_Reader(x.keys.expand(b, -1, -1, -1), x.values.expand(b, -1, -1, -1))
+    shared = Cache(layers=[_Reader(x.keys.expand(b, -1, -1, -1), x.values.expand(b, -1, -1, -1))
                                for x in recorded.layers])
     tail = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=False,
                    **{kw: shared}).last_hidden_state
