@@ -10,6 +10,42 @@ import pytest
 
 from tryloop.config import RuntimeConfig, SandboxConfig, SandboxLimits
 
+# pytest-xdist's workers share the cores. torch's intra-op pool (a thread per core by default) in
+# each would oversubscribe them, and OpenMP's barriers wait for descheduled threads: each worker
+# gets its share, before anything imports torch (subprocesses inherit it).
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
+
+@pytest.hookimpl(wrapper=True)   # around pytest-xdist's hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The default run's two workers (pytest-xdist, `--dist loadgroup`) take whole groups: a
+    module, so that its module-scoped fixtures are built once, or one of two groups whose members
+    must never run at the same time:
+    - `host`: tests that change or check what the whole host shares (mounts, network devices,
+      nft tables, cgroup hierarchies): tests/sandbox, the `network` tests (their image builds
+      bring up a sandbox network) and those marked `host`;
+    - `ray`: the tests marked `ray`, which start local Ray clusters (one at a time on a host).
+    Groups are handed out in the order of their first test (`--no-loadscope-reorder`): the
+    longest first, the training modules and then `host`, so that no worker is left running one of
+    them alone at the end."""
+    rank = {}
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        if path.startswith("tests/sandbox/") or item.get_closest_marker("network") or item.get_closest_marker("host"):
+            group = "host"
+        elif item.get_closest_marker("ray"):
+            group = "ray"
+        else:
+            group = path
+        item.add_marker(pytest.mark.xdist_group(group))
+        rank[item] = 0 if path.startswith("tests/train/") else 1 if group == "host" else 2
+    items.sort(key=rank.__getitem__)
+    yield
+    if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist could not group the tests (its --dist loadgroup needs "
+                                "pytest < 9.2): install the dev extra's pytest, or run with -n 0")
+
 
 @pytest.fixture(scope="session")
 def runtime_config(tmp_path_factory) -> RuntimeConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ray_cluster import local_cluster
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop.agent.environments import Environments
@@ -12,6 +14,8 @@ from tryloop.eval.run import evaluate
 from tryloop.eval.scheduled import ScheduledRunner
 from tryloop.scheduler import AdmissionConfig, RayConfig, SchedulerConfig
 from tryloop.tasks.store import TaskStore
+
+pytestmark = pytest.mark.ray
 
 
 async def test_oracle_evaluation_runs_on_ray_workers(runtime, runtime_config, reward_tasks, tmp_path):

@@ -4,6 +4,7 @@ config naming that store and a sandbox runtime of their own."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tryloop.tasks.model import Task
@@ -20,5 +21,5 @@ def function_task_store(root: Path) -> tuple[list[Task], TaskStore, Path]:
     cfg = root / "tryloop.yaml"
     cfg.write_text(json.dumps({   # JSON is YAML
         "tasks": {"store_url": str(root / "tasks")},
-        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": "tryloop-test"}}))
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"}}))
     return tasks, store, cfg

@@ -7,7 +7,7 @@ import pytest
 
 from tryloop.rewards.spec import Component, RewardSpec
 from tryloop.rewards.submission import Submission
-from tryloop.rewards.verifier import is_protected, split_changes, verify
+from tryloop.rewards.verifier import baseline, is_protected, split_changes, verify
 
 
 def module_under_test(task) -> str:
@@ -62,7 +62,10 @@ async def test_ending_the_process_early_is_not_a_pass(runtime, task):
 async def test_a_hanging_solution_fails_and_a_slow_verifier_is_no_verdict(runtime, task):
     path = module_under_test(task)
     hang = with_solution(task, **{path: b"while True:\n    pass\n"})
-    v = await verify(runtime, task, hang, RewardSpec(timeout_s=8))
+    # A limit the reference run fits in three times over (as measured here, on a machine as busy as
+    # it is now): a run that hits it is the solution's fault.
+    limit = max(5.0, 4 * (await baseline(runtime, task)).wall_s)
+    v = await verify(runtime, task, hang, RewardSpec(timeout_s=limit))
     assert v.state == "fail" and "timed out" in v.reason
     # A limit too tight for even the reference: the verifier cannot judge, so no score at all.
     v = await verify(runtime, task, with_solution(task), RewardSpec(timeout_s=0.05))

@@ -19,7 +19,7 @@ import pytest
 from tryloop.errors import HostUnsupported, SandboxError
 from tryloop.sandbox.cgroups import CgroupHost, CgroupLimits, SandboxCgroup
 
-PARENT = "tryloop-test"
+PARENT = f"tryloop-test-cg-{os.getpid()}"  # its own: the module removes it at the end
 LIMITS = CgroupLimits(memory_bytes=64 << 20, pids=16, cpu_quota_us=50_000)
 
 

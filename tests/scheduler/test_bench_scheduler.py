@@ -34,6 +34,7 @@ def test_simulated_admission_reports_every_run():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_ray_vs_local_ratio():
     out = ray_vs_local(60)
     assert out["local_episodes_per_s"] > 0 and out["ray_episodes_per_s"] > 0 and out["ray_over_local"] > 0

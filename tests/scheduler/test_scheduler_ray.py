@@ -19,6 +19,8 @@ from tryloop.scheduler import (
 )
 from tryloop.scheduler.sim import FixedLatencyInference, ModelledEpisode, SimConfig
 
+pytestmark = pytest.mark.ray
+
 WORLD = SimConfig(turns=(2, 3), tool_cpu_s=0.1, verify_cpu_s=0.1, provision_s=0.01)
 
 

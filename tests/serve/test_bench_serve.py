@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from rich.console import Console
@@ -17,7 +18,7 @@ def test_bench_serve_small_run_leaves_nothing(tmp_path):
 
     cfg = TryloopConfig.model_validate({"runtime": {"store_dir": str(tmp_path / "rt"),
                                                     "state_dir": str(tmp_path / "state"),
-                                                    "cgroup_name": "tryloop-test"}})
+                                                    "cgroup_name": f"tryloop-test-{os.getpid()}"}})
     out = tmp_path / "res.json"
     run(cfg, sessions=6, steps=2, verify=2, out=out, console=Console(file=io.StringIO(), width=200))
     res = json.loads(out.read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 
@@ -20,7 +22,7 @@ def served(tmp_path):
         "tasks": {"store_url": str(tmp_path / "tasks")},
         "store": {"trajectories_url": str(tmp_path / "trajectories")},
         "runtime": {"store_dir": str(tmp_path / "rt"), "state_dir": str(tmp_path / "state"),
-                    "cgroup_name": "tryloop-test"},
+                    "cgroup_name": f"tryloop-test-{os.getpid()}"},
         "serve": {"env": {"port": 0, "access_log": None}}})   # OpenEnv's client sends no token
     tasks = served_tasks(cfg)
     with serve_in_thread(cfg, tasks) as url:

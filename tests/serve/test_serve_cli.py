@@ -24,7 +24,7 @@ def _config(tmp: Path, **serve_env) -> Path:
     path.write_text(yaml.safe_dump({
         "tasks": {"store_url": str(tmp / "tasks")},
         "store": {"trajectories_url": str(tmp / "trajectories")},
-        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": "tryloop-test"},
+        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
         "serve": {"env": {"port": 0, **serve_env}}}))
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -23,7 +24,7 @@ def _config(tmp, **serve_env) -> TryloopConfig:
     return TryloopConfig.model_validate({
         "tasks": {"store_url": str(tmp / "tasks")},
         "store": {"trajectories_url": str(tmp / "trajectories")},
-        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": "tryloop-test"},
+        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
         "serve": {"env": {"port": 0, "access_log": str(tmp / "access.log"), **serve_env}}})
 
 

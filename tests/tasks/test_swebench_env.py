@@ -33,6 +33,8 @@ from tryloop.tasks.sources.swebench import (
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel sandbox needs root")
+pytestmark = pytest.mark.host   # the environment builds bring up sandbox networks
+
 
 DEP = "tinydep_tryloop"  # not in tryloop's own environment: only the image has it
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ SHORT = {"max_turns": 1, "max_new_tokens": 64, "max_total_tokens": 64, "max_cont
 
 def write_config(root: Path, name: str = "config.yaml", **train) -> Path:
     doc = {
-        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": "tryloop-test"},
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
         "tasks": {"store_url": str(root / "tasks"), "work_dir": str(root / "work"), "eval_fraction": 0.3},
         "rewards": {"spec": SPEC, "gate_dir": str(root / "gate"), "gold_path": str(root / "gold.jsonl")},
         "store": {"trajectories_url": str(root / "traj"), "runs_dir": str(root / "runs")},
@@ -114,6 +115,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert learner["model"]["w"] == 3 and state["step"] == 3
 
 
+@pytest.mark.host   # mounts a tmpfs on the host
 def test_a_checkpoint_that_does_not_fit_is_refused_and_the_previous_one_stays(tmp_path):
     """A real small disk (a 4 MiB tmpfs): a save too large by its tensors is refused before a
     byte is written; one whose bulk the estimate cannot see fills the disk and is removed. Both

@@ -23,6 +23,8 @@ from tryloop.errors import TryloopError
 from tryloop.store.trajectories import TrajectoryStore
 from tryloop.train import checkpoint
 
+pytestmark = pytest.mark.ray
+
 RAY = {"engine": "ray", "ray": {"host_resource": "sandbox_host", "episodes_per_host": 2, "reconcile_s": 0.5},
        "admission": {"adaptive": False, "initial": 4, "max": 4},
        "retry": {"backoff_base_s": 0.1, "quarantine_after": 100}}
