@@ -1,4 +1,5 @@
-"""Shared fixtures: one real sandbox runtime per test session, in a private store."""
+"""Shared fixtures (one real sandbox runtime per test session, in a private store) and how the
+suite is spread over pytest-xdist's workers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from host import CGROUP_PARENT
 from tryloop.config import RuntimeConfig, SandboxConfig, SandboxLimits
 
 # pytest-xdist's workers share the cores. torch's intra-op pool (a thread per core by default) in
@@ -17,7 +19,7 @@ if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 
-@pytest.hookimpl(wrapper=True)   # around pytest-xdist's hook, which reads the groups
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The default run's two workers (pytest-xdist, `--dist loadgroup`) take whole groups: a
     module, so that its module-scoped fixtures are built once, or one of two groups whose members
@@ -41,19 +43,21 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
         rank[item] = 0 if path.startswith("tests/train/") else 1 if group == "host" else 2
     items.sort(key=rank.__getitem__)
-    yield
-    if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:
-        raise pytest.UsageError("pytest-xdist could not group the tests (its --dist loadgroup needs "
-                                "pytest < 9.2): install the dev extra's pytest, or run with -n 0")
+
+
+@pytest.hookimpl(optionalhook=True)   # a pytest-xdist hook
+def pytest_xdist_node_collection_finished(node, ids):
+    """A worker's tests came without their groups (pytest-xdist's tag on the node ids): the
+    groups above would be ignored and every test scheduled alone, so the run stops."""
+    if node.config.getvalue("dist") == "loadgroup" and ids and "@" not in ids[0]:
+        pytest.exit("pytest-xdist could not group the tests (its --dist loadgroup needs pytest < 9.2): "
+                    "install the dev extra's pytest, or run with -n 0", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")
 def runtime_config(tmp_path_factory) -> RuntimeConfig:
     base = tmp_path_factory.mktemp("tryloop")
-    # A cgroup parent of this session's own: a runtime's gc removes groups under its parent
-    # that its state directory has no record of, which would be another session's sandboxes.
-    return RuntimeConfig(store_dir=base / "store", state_dir=base / "state",
-                         cgroup_name=f"tryloop-test-{os.getpid()}")
+    return RuntimeConfig(store_dir=base / "store", state_dir=base / "state", cgroup_name=CGROUP_PARENT)
 
 
 _SESSION_RUNTIME: list = []          # the session's runtime, once a test asked for it

@@ -1,8 +1,16 @@
-"""Tests that need a host able to run sandboxes skip, naming why, on one that cannot."""
+"""What tests share about the host: the cgroup parent of their runtimes, and a skip, naming why,
+for tests that need a host able to run sandboxes on one that cannot."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The cgroup parent of every runtime a test process makes: its own, because a runtime's gc removes
+# groups under its parent that its state directory has no record of, which could be another test
+# process's sandboxes (the suite runs on several workers).
+CGROUP_PARENT = f"tryloop-test-{os.getpid()}"
 
 
 def require_sandbox_host() -> None:

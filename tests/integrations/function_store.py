@@ -4,9 +4,9 @@ config naming that store and a sandbox runtime of their own."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from host import CGROUP_PARENT
 from tryloop.tasks.model import Task
 from tryloop.tasks.sources.functions import function_tasks
 from tryloop.tasks.store import TaskStore
@@ -21,5 +21,5 @@ def function_task_store(root: Path) -> tuple[list[Task], TaskStore, Path]:
     cfg = root / "tryloop.yaml"
     cfg.write_text(json.dumps({   # JSON is YAML
         "tasks": {"store_url": str(root / "tasks")},
-        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"}}))
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": CGROUP_PARENT}}))
     return tasks, store, cfg

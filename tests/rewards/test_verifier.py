@@ -62,8 +62,8 @@ async def test_ending_the_process_early_is_not_a_pass(runtime, task):
 async def test_a_hanging_solution_fails_and_a_slow_verifier_is_no_verdict(runtime, task):
     path = module_under_test(task)
     hang = with_solution(task, **{path: b"while True:\n    pass\n"})
-    # A limit the reference run fits in three times over (as measured here, on a machine as busy as
-    # it is now): a run that hits it is the solution's fault.
+    # A limit over three times the reference run (as measured here, on a machine as busy as it is
+    # now): the verifier then blames a run that hits it on the solution, not on itself.
     limit = max(5.0, 4 * (await baseline(runtime, task)).wall_s)
     v = await verify(runtime, task, hang, RewardSpec(timeout_s=limit))
     assert v.state == "fail" and "timed out" in v.reason

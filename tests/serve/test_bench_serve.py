@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 
 import pytest
 from rich.console import Console
 
+from host import CGROUP_PARENT
 from tryloop.config import TryloopConfig
 
 
@@ -18,7 +18,7 @@ def test_bench_serve_small_run_leaves_nothing(tmp_path):
 
     cfg = TryloopConfig.model_validate({"runtime": {"store_dir": str(tmp_path / "rt"),
                                                     "state_dir": str(tmp_path / "state"),
-                                                    "cgroup_name": f"tryloop-test-{os.getpid()}"}})
+                                                    "cgroup_name": CGROUP_PARENT}})
     out = tmp_path / "res.json"
     run(cfg, sessions=6, steps=2, verify=2, out=out, console=Console(file=io.StringIO(), width=200))
     res = json.loads(out.read_text())

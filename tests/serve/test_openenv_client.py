@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 
+from host import CGROUP_PARENT
 from tryloop.config import TryloopConfig
 from tryloop.serve.server import serve_in_thread, served_tasks
 from tryloop.tasks.sources.functions import function_tasks
@@ -22,7 +21,7 @@ def served(tmp_path):
         "tasks": {"store_url": str(tmp_path / "tasks")},
         "store": {"trajectories_url": str(tmp_path / "trajectories")},
         "runtime": {"store_dir": str(tmp_path / "rt"), "state_dir": str(tmp_path / "state"),
-                    "cgroup_name": f"tryloop-test-{os.getpid()}"},
+                    "cgroup_name": CGROUP_PARENT},
         "serve": {"env": {"port": 0, "access_log": None}}})   # OpenEnv's client sends no token
     tasks = served_tasks(cfg)
     with serve_in_thread(cfg, tasks) as url:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from host import CGROUP_PARENT
 from tryloop.tasks.sources.functions import function_tasks
 from tryloop.tasks.store import TaskStore
 
@@ -24,7 +25,7 @@ def _config(tmp: Path, **serve_env) -> Path:
     path.write_text(yaml.safe_dump({
         "tasks": {"store_url": str(tmp / "tasks")},
         "store": {"trajectories_url": str(tmp / "trajectories")},
-        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
+        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": CGROUP_PARENT},
         "serve": {"env": {"port": 0, **serve_env}}}))
     return path
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from host import CGROUP_PARENT
 from tryloop.config import TryloopConfig
 from tryloop.serve.client import EnvClient, GymEnv, ServeError
 from tryloop.serve.server import serve_in_thread, served_tasks
@@ -24,7 +24,7 @@ def _config(tmp, **serve_env) -> TryloopConfig:
     return TryloopConfig.model_validate({
         "tasks": {"store_url": str(tmp / "tasks")},
         "store": {"trajectories_url": str(tmp / "trajectories")},
-        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
+        "runtime": {"store_dir": str(tmp / "rt"), "state_dir": str(tmp / "state"), "cgroup_name": CGROUP_PARENT},
         "serve": {"env": {"port": 0, "access_log": str(tmp / "access.log"), **serve_env}}})
 
 

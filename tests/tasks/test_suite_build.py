@@ -4,12 +4,12 @@ stopped on the next run, instead of training on the part it had stored. Real gat
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import yaml
 
 import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
+from host import CGROUP_PARENT
 from tryloop.cli.train import ensure_suite
 from tryloop.config import load_yaml
 from tryloop.sandbox import SandboxRuntime
@@ -21,7 +21,7 @@ from tryloop.tasks.store import TaskStore
 def config(root):
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump({
-        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": CGROUP_PARENT},
         "tasks": {"store_url": str(root / "tasks"), "work_dir": str(root / "work"), "eval_fraction": 0.0},
         "train": {"source": "humaneval", "check_source": None}}))
     return load_yaml(path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from host import CGROUP_PARENT
 from tryloop.config import load_yaml
 from tryloop.rewards.gold import GateBlocked, GateRecords, builtin_items, run_gate
 from tryloop.rewards.spec import RewardSpec
@@ -41,7 +41,7 @@ SHORT = {"max_turns": 1, "max_new_tokens": 64, "max_total_tokens": 64, "max_cont
 
 def write_config(root: Path, name: str = "config.yaml", **train) -> Path:
     doc = {
-        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": f"tryloop-test-{os.getpid()}"},
+        "runtime": {"store_dir": str(root / "rt"), "state_dir": str(root / "state"), "cgroup_name": CGROUP_PARENT},
         "tasks": {"store_url": str(root / "tasks"), "work_dir": str(root / "work"), "eval_fraction": 0.3},
         "rewards": {"spec": SPEC, "gate_dir": str(root / "gate"), "gold_path": str(root / "gold.jsonl")},
         "store": {"trajectories_url": str(root / "traj"), "runs_dir": str(root / "runs")},
