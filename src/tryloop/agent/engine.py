@@ -27,6 +27,13 @@ slot, and a shorter batch just narrows the view. The buffers are reallocated
 layout grew by concatenation, copying the whole cache at every decode step
 (~20% of a step at batch 16 on this CPU) and again at every join and drop.
 
+On a CPU (`cpu_kernels`), a decode step attends over the first `rows` slots of
+the buffers as they are, contiguous, with a mask for each row's columns
+(`slot_attention`: SDPA and torch's bf16 batched matmul are several times slower
+on the strided view), and a bfloat16 model multiplies by weights packed once for
+oneDNN (`packed_linear`) instead of at every call. At 16 sequences of the bundled
+model that took a decode step from ~220 ms to ~125 ms here, with the same tokens.
+
 Sampling is batched (`sampling.sample_batch`): one log_softmax over the batch's
 [rows, vocab] logits, and each row's draw uses only its own seeded generator,
 so a request's tokens do not depend on what else is in the batch.
@@ -81,8 +88,11 @@ from typing import Any, Literal
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from tryloop.agent.packed_linear import pack as pack_linears
 from tryloop.agent.prefix_cache import PrefixCache
 from tryloop.agent.sampling import SamplingParams, sample_batch
+from tryloop.agent.slot_attention import IMPLEMENTATION, SlotDecode
+from tryloop.agent.slot_attention import register as register_slot_attention
 from tryloop.errors import TryloopError
 
 FinishReason = Literal["stop", "length"]
@@ -195,7 +205,8 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16,
                  weights_version: str = "initial", num_threads: int | None = None,
                  prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, dtype: torch.dtype | str | None = None,
-                 kv_block: int = 64, cache_completions: bool = True, name: str = "tryloop-engine") -> None:
+                 kv_block: int = 64, cache_completions: bool = True, cpu_kernels: bool = True,
+                 name: str = "tryloop-engine") -> None:
         """`num_threads`, if given, sets torch's CPU thread count for the whole process
         (torch has one pool). On 2 cores shared with other work, 1 thread decoded ~7x
         faster than 2: OpenMP's barriers wait for whichever thread lost its core.
@@ -207,7 +218,12 @@ class Engine:
 
         `dtype` (a torch dtype or its name, e.g. "bfloat16"): run the model in it, casting
         `model` in place; None keeps the model's dtype. `kv_block`: the KV cache grows by
-        this many columns at a time."""
+        this many columns at a time.
+
+        `cpu_kernels`: on a CPU, decode steps attend over the KV buffers with
+        `slot_attention` (the model is switched to it, SDPA otherwise) and, in bfloat16,
+        multiply by weights packed once (`packed_linear`): the same tokens, ~1.6x faster
+        at 16 sequences here. False keeps transformers' own attention and matmuls."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if kv_block < 1:
@@ -232,6 +248,8 @@ class Engine:
         self._cache_kw = cache_kwarg(model)
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else "num_logits_to_keep"
         _check_cache_layout(model)
+        self._slot_attention = cpu_kernels and _use_slot_attention(model, self.device)
+        self._packed = pack_linears(model, max_batch) if cpu_kernels else None
         self._weights_version = weights_version
         self._updates = 0
         self._stats = EngineStats(weights_version=weights_version)
@@ -391,7 +409,8 @@ class Engine:
     def _run(self) -> None:
         crash: BaseException | None = None
         try:
-            with torch.inference_mode():
+            packed = self._packed.active() if self._packed is not None else contextlib.nullcontext()
+            with torch.inference_mode(), packed:
                 while self._receive(block=not self._rows and (not self._waiting or bool(self._parked))):
                     self._admit()
                     if self._rows:
@@ -428,6 +447,8 @@ class Engine:
         # and identity, so the model needs no rebuilding and tied weights stay tied.
         if self._parked or self._rows:
             return
+        if self._packed is not None:
+            self._packed.drop()
         seen: set[int] = set()
         for p in self.model.parameters():
             st = p.untyped_storage()
@@ -447,8 +468,12 @@ class Engine:
         except Exception as e:  # a bad state dict fails the caller, not the engine
             for st, _ in parked:          # parked it stays: those bytes are not weights
                 st.resize_(0)
+            if not parked and self._packed is not None:
+                self._packed.refresh()    # the load may have changed some weights before failing
             upd.done.set_exception(e)
             return
+        if self._packed is not None:      # also when the weights were changed in place
+            self._packed.refresh()
         self._parked = []
         self._prefixes.clear()                # computed with the old weights
         self._weights_version = upd.version
@@ -522,9 +547,12 @@ class Engine:
         # Row i attends to its own kv_len cached columns (right-aligned) plus the new one.
         cols = torch.arange(cache_len + 1, device=self.device)
         mask = (cols[None, :] >= (cache_len - kv)[:, None]).long()
+        extra: dict[str, Any] = {}
+        if self._slot_attention:
+            extra["slot_decode"] = self._cache.slot_decode(kv + 1)
         try:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=kv[:, None],
-                             use_cache=True, **{self._cache_kw: self._cache, self._keep_kw: 1})
+                             use_cache=True, **{self._cache_kw: self._cache, self._keep_kw: 1}, **extra)
         except Exception as e:
             for r in rows:
                 _resolve(r.req, error=EngineError(f"decode step failed: {e!r}"))
@@ -613,6 +641,8 @@ class Engine:
             self._rows, self._cache = [], None
             self._waiting.clear()
             self._prefixes.clear()
+            if self._packed is not None:
+                self._packed.release()
             while True:
                 try:
                     msg = self._inbox.get_nowait()
@@ -664,6 +694,22 @@ def _check_cache_layout(model: Any) -> None:
     # Right-aligned batching assumes every layer keeps all its columns: no sliding windows.
     if not full:
         raise EngineError(f"{type(model).__name__}: only full-attention KV caches are supported")
+
+
+def _use_slot_attention(model: Any, device: torch.device) -> bool:
+    """Switch `model` from SDPA to `slot_attention` for decode steps, where that pays: on a CPU.
+    Models on other attention implementations, or that refuse the switch, keep theirs."""
+    if device.type != "cpu" or getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
+        return False
+    # The step's buffers reach the attention as a keyword argument of the model's forward.
+    if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
+        return False
+    register_slot_attention()
+    try:
+        model.set_attn_implementation(IMPLEMENTATION)
+    except (ValueError, ImportError, AttributeError):
+        return False
+    return model.config._attn_implementation == IMPLEMENTATION
 
 
 class _SlotLayer(DynamicLayer):
@@ -754,11 +800,10 @@ class _SlotCache(Cache):
             for attr in ("_k", "_v"):
                 src = getattr(self.layers[i], attr) if self.layers else like
                 b, h, _, d = src.shape
-                # Not zeroed: free slots are cleared when a row joins, columns right of the view
-                # are written before they are read; the live rows' left parts must be zeros.
-                buf = src.new_empty(slots, h, cap, d)
+                # Zeroed: the live rows' left parts must be zeros, and a decode step's slot
+                # attention reads (masked) every column of the live slots, which must be finite.
+                buf = src.new_zeros(slots, h, cap, d)
                 if rows:
-                    buf[:rows, :, :end - old_len].zero_()
                     buf[:rows, :, end - old_len:end] = src[:rows, :, old_start:old_start + old_len]
                 bufs.append(buf)
             new_layers.append(_SlotLayer(*bufs))
@@ -799,6 +844,17 @@ class _SlotCache(Cache):
                 layer._v[dst] = layer._v[src]
         self._set(n, self.start + self.length - new_len, new_len)
         return order[:n]
+
+    def slot_decode(self, attended: torch.Tensor) -> SlotDecode:
+        """The next decode step's buffers and mask for `slot_attention`: live row i attends to
+        its last `attended[i]` columns up to and including the one the step writes."""
+        keys = self.layers[0]._k
+        end = self.start + self.length + 1
+        cols = torch.arange(keys.shape[-2], device=keys.device)
+        live = (cols[None, :] >= (end - attended)[:, None]) & (cols[None, :] < end)
+        bias = torch.zeros(live.shape, dtype=torch.float32, device=keys.device).masked_fill_(~live, float("-inf"))
+        return SlotDecode([(layer._k[:self.rows], layer._v[:self.rows]) for layer in self.layers],
+                          bias[:, None, None, :])
 
     def reserve(self, n: int) -> None:
         """Room for `n` more columns on the right."""

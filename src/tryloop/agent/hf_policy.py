@@ -69,14 +69,15 @@ class HFPolicy:
 
     def __init__(self, loaded: Any, *, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 384,
                  max_context: int = 8192, max_batch: int = 16, num_threads: int | None = None,
-                 dtype: str | Any = "float32", engine: Any = None, multi_turn: bool = True):
+                 dtype: str | Any = "float32", engine: Any = None, multi_turn: bool = True,
+                 cpu_kernels: bool = True):
         """`dtype`: the engine's ("float32" | "bfloat16" | "auto", see PolicyConfig.dtype); the
         engine casts `loaded.model` to it in place (it owns the model). `engine`: another sampler
         with the engine's `generate` (an `EndpointSampler`: model servers); then only
         `loaded.tokenizer` is used here, and the sessions are token-exact the same way.
         `multi_turn` False: every session ends after one turn (limits.max_turns 1), so the engine
         keeps no finished turn for a next one, and its prefix cache only the prompts a full batch
-        can share."""
+        can share. `cpu_kernels`: see `Engine`."""
         from tryloop.agent.engine import (
             DEFAULT_PREFIX_CACHE_MB,
             Engine,
@@ -99,7 +100,8 @@ class HFPolicy:
                                * min(max_context, model_context(loaded.model)) / 2**20)
             engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
                             weights_version=loaded.weights_version, num_threads=num_threads,
-                            dtype=engine_dtype, prefix_cache_mb=cache_mb, cache_completions=multi_turn)
+                            dtype=engine_dtype, prefix_cache_mb=cache_mb, cache_completions=multi_turn,
+                            cpu_kernels=cpu_kernels)
         self.engine = engine
         self.name = loaded.name
         self.temperature, self.top_p = temperature, top_p

@@ -37,4 +37,5 @@ def make_policy(cfg: PolicyConfig, limits: EpisodeLimits | None = None):
 
     return HFPolicy.load(name, device=cfg.device, temperature=cfg.temperature, top_p=cfg.top_p,
                          max_new_tokens=limits.max_new_tokens, max_context=limits.max_context_tokens,
-                         max_batch=cfg.max_batch, dtype=cfg.dtype, multi_turn=limits.max_turns > 1)
+                         max_batch=cfg.max_batch, dtype=cfg.dtype, cpu_kernels=cfg.cpu_kernels,
+                         multi_turn=limits.max_turns > 1)

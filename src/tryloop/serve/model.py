@@ -725,7 +725,8 @@ def serve_model(cfg: ServeModelConfig, *, on_ready: Callable[[str, Any], None] |
     bearer_token(cfg.auth_token_env, "serve.model.auth_token_env")    # named before the model loads
     loaded = load_model(cfg.model, device=cfg.device)
     with Engine(loaded.model, loaded.tokenizer, max_batch=cfg.max_batch, weights_version=loaded.weights_version,
-                num_threads=cfg.threads, dtype=resolve_engine_dtype(cfg.dtype, loaded.device)) as engine:
+                num_threads=cfg.threads, dtype=resolve_engine_dtype(cfg.dtype, loaded.device),
+                cpu_kernels=cfg.cpu_kernels) as engine:
         server = _uvicorn(create_model_app(engine, cfg), cfg)
         run_server(server, setting="serve.model.port",
                    on_ready=None if on_ready is None else lambda url: on_ready(url, loaded))

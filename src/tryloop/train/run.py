@@ -176,7 +176,7 @@ async def _serve_learner_model(tcfg: TrainRunConfig, loaded: Any, stack: context
 
     own = await asyncio.to_thread(load_model, tcfg.policy.name, device=tcfg.policy.device)
     engine = Engine(own.model, own.tokenizer, max_batch=tcfg.policy.max_batch, weights_version=loaded.weights_version,
-                    dtype=resolve_engine_dtype(tcfg.policy.dtype, own.device))
+                    dtype=resolve_engine_dtype(tcfg.policy.dtype, own.device), cpu_kernels=tcfg.policy.cpu_kernels)
     stack.callback(engine.close)
     sc = tcfg.sampler
     scfg = ServeModelConfig(host=sc.serve_host, port=sc.serve_port, weight_updates=True, access_log=None,

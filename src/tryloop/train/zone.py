@@ -48,7 +48,7 @@ def sampler_policy(loaded, tcfg: TrainRunConfig, engine=None):
 
     return HFPolicy(loaded, temperature=tcfg.policy.temperature, top_p=tcfg.policy.top_p,
                     max_new_tokens=tcfg.limits.max_new_tokens, max_context=tcfg.limits.max_context_tokens,
-                    max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype, engine=engine,
+                    max_batch=tcfg.policy.max_batch, dtype=tcfg.policy.dtype, cpu_kernels=tcfg.policy.cpu_kernels, engine=engine,
                     multi_turn=tcfg.limits.max_turns > 1)
 
 

@@ -1,0 +1,74 @@
+"""Decode-step attention over the engine's whole KV buffers, for CPUs.
+
+A decode step attends one new token per row to that row's cached columns. The
+engine keeps them in `[slots, kv_heads, capacity, head_dim]` buffers (see
+`engine._SlotCache`), and the model is handed the live columns as a view, which is
+not contiguous: its rows are `capacity` columns apart. On a CPU, torch's bfloat16
+batched matmul copies such an operand first, and SDPA's CPU kernel, given
+one to three query rows per key/value head, runs at a few GFLOP/s: at 16 rows of
+~600 columns it took ~2.7 ms a layer for ~7 MB of keys and values (measured on
+the bundled model; ~40% of a decode step).
+
+Here the step attends to the first `rows` slots of the buffers as they are, which
+are contiguous, with an additive mask (`SlotDecode.bias`) that is 0 on each row's
+own columns and -inf everywhere else: the margins of spare columns (zeros or
+earlier rows' keys, always finite) cost reading them, but two plain matmuls on
+contiguous operands are ~2-4x faster than the view's. The query heads that share a
+key/value head are grouped into the matmul's rows (no repeated keys), and the
+softmax is taken in float32.
+
+The function is registered with transformers under `IMPLEMENTATION`; everything
+that is not such a decode step (prefills, a forward without the engine's
+`slot_decode` argument) goes to transformers' own SDPA function with the masks
+SDPA gets, so a model switched to it computes the same as with "sdpa".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+IMPLEMENTATION = "tryloop_slots"
+
+
+@dataclass
+class SlotDecode:
+    """What one decode step's attention needs besides the model's own arguments: the batch's
+    buffers per layer and the mask over their columns."""
+
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys, values [rows, kv_heads, capacity, dim]
+    bias: torch.Tensor                                 # [rows, 1, 1, capacity] float32: 0 attended, -inf not
+
+
+def slot_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, scaling: float | None = None,
+                          dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    step: SlotDecode | None = kwargs.pop("slot_decode", None)
+    if step is None or query.shape[2] != 1 or dropout or kwargs.get("softcap") is not None \
+            or getattr(module, "sinks", None) is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    keys, values = step.buffers[module.layer_idx]
+    rows, heads, _, dim = query.shape
+    kv_heads = keys.shape[1]
+    scale = scaling if scaling is not None else dim ** -0.5
+    # Query head h reads key/value head h // (heads // kv_heads), as transformers' repeat_kv has it.
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float()
+    scores.mul_(scale).add_(step.bias)
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    out = torch.matmul(probs, values)                   # [rows, kv_heads, group, dim]
+    return out.reshape(rows, 1, heads, dim), None       # transformers' layout: [batch, query, heads, dim]
+
+
+def register() -> None:
+    """Make `IMPLEMENTATION` known to transformers (attention and masks); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, slot_decode_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)

@@ -1,0 +1,187 @@
+"""The engine's CPU kernels: decode attention over the KV buffers and packed bfloat16 linears."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from tryloop.agent.engine import Engine
+from tryloop.agent.packed_linear import PackedLinears, pack, packing_exact
+from tryloop.agent.slot_attention import IMPLEMENTATION, SlotDecode, slot_decode_attention
+
+
+@pytest.fixture(autouse=True)
+def _threads(one_thread):
+    pass
+
+
+class _Attn(torch.nn.Module):
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.layer_idx, self.num_key_value_groups, self.is_causal = 0, heads // kv_heads, True
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_slot_attention_equals_sdpa_on_the_live_columns(dtype, tol):
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, cap, dim, start, length = 5, 6, 2, 40, 16, 7, 21
+    # Every column outside the live ones holds large finite values: nothing of them may leak.
+    k_buf = (100 * torch.randn(rows + 2, kv_heads, cap, dim, generator=gen)).to(dtype)
+    v_buf = (100 * torch.randn(rows + 2, kv_heads, cap, dim, generator=gen)).to(dtype)
+    attended = torch.tensor([1, 5, 21, 13, 2])          # each row's last columns, up to start + length
+    end = start + length
+    k_buf[:rows, :, :end] = torch.randn(rows, kv_heads, end, dim, generator=gen).to(dtype)
+    v_buf[:rows, :, :end] = torch.randn(rows, kv_heads, end, dim, generator=gen).to(dtype)
+    query = torch.randn(rows, heads, 1, dim, generator=gen).to(dtype)
+    cols = torch.arange(cap)
+    live = (cols[None, :] >= (end - attended)[:, None]) & (cols[None, :] < end)
+    bias = torch.zeros(rows, cap).masked_fill_(~live, float("-inf"))[:, None, None, :]
+    module = _Attn(heads, kv_heads)
+    ours, _ = slot_decode_attention(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end], None,
+                                    scaling=0.3, slot_decode=SlotDecode([(k_buf[:rows], v_buf[:rows])], bias))
+    # transformers' SDPA on the view, masked as the engine masks it without these kernels.
+    view_mask = live[:, None, None, start:end]
+    ref, _ = sdpa_attention_forward(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end],
+                                    view_mask, scaling=0.3)
+    assert ours.shape == ref.shape == (rows, 1, heads, dim)
+    assert (ours.float() - ref.float()).abs().max() < tol
+    # Without the engine's argument (a prefill, another caller) it is transformers' SDPA.
+    plain, _ = slot_decode_attention(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end],
+                                     view_mask, scaling=0.3)
+    assert torch.equal(plain, ref)
+
+
+def _no_grad(fn, *args):
+    with torch.inference_mode():
+        return fn(*args)
+
+
+def _bf16(smollm2):
+    return copy.deepcopy(smollm2.model).to(torch.bfloat16).eval()
+
+
+def test_packed_linears_are_the_same_numbers_on_the_thread_that_uses_them(smollm2):
+    model = _bf16(smollm2)
+    ids = torch.tensor([smollm2.tokenizer.encode("def add(a, b):\n    return")])
+    with torch.inference_mode():
+        plain = model(ids).logits
+    packed = PackedLinears(model, rows=4)            # the exactness gate of `pack` is tested below
+    packed.refresh()
+    lin = model.model.layers[0].mlp.up_proj
+    with torch.inference_mode():
+        with packed.active():
+            assert torch.equal(model(ids).logits, plain) == packing_exact(torch.bfloat16, 4)
+            # Weights changed in place: the active thread keeps the packed copy until a refresh.
+            x = torch.randn(3, 1, lin.in_features).to(torch.bfloat16)
+            old = lin(x)
+            lin.weight.mul_(2)
+            assert torch.equal(lin(x), old)
+            packed.refresh()
+            assert not torch.equal(lin(x), old)
+            seen = {}
+            other = threading.Thread(target=lambda: seen.setdefault("y", _no_grad(lin, x)))
+            other.start()
+            other.join()
+        assert torch.equal(seen["y"], torch.nn.functional.linear(x, lin.weight))   # another thread: plain
+        lin.weight.div_(2)
+    # A deep copy of the model computes with its own weights, never the original's packed ones.
+    twin = copy.deepcopy(model)
+    twin.model.layers[0].mlp.up_proj.weight.data.zero_()
+    with torch.inference_mode(), packed.active():
+        assert torch.equal(twin.model.layers[0].mlp.up_proj(x), torch.zeros(3, 1, lin.out_features, dtype=x.dtype))
+    # Gradients: the plain path, whatever the thread.
+    with packed.active():
+        y = lin(x.float().requires_grad_().to(torch.bfloat16))
+        assert y.requires_grad
+    packed.release()
+    assert "forward" not in lin.__dict__
+
+
+def test_pack_packs_only_where_it_is_exact(smollm2):
+    assert pack(copy.deepcopy(smollm2.model), 16) is None          # float32: nothing to gain, not packed
+    model = _bf16(smollm2)
+    packed = pack(model, 16)
+    assert (packed is not None) == packing_exact(torch.bfloat16, 16)
+    if packed is not None:
+        assert len(packed.modules) == 7 * model.config.num_hidden_layers + 1      # + the lm head
+        packed.release()
+
+
+async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, prompts):
+    """float32, where both paths are exact up to float rounding: the same greedy tokens and
+    log-probabilities through joins, drops and cache growth."""
+    async def run(cpu_kernels: bool):
+        model = copy.deepcopy(smollm2.model)
+        model.set_attn_implementation("sdpa")          # the session's model may have served an engine
+        async with Engine(model, smollm2.tokenizer, max_batch=3, kv_block=4, cpu_kernels=cpu_kernels) as eng:
+            assert eng._slot_attention == cpu_kernels
+            assert (model.config._attn_implementation == IMPLEMENTATION) == cpu_kernels
+            return await asyncio.gather(*[eng.generate(p, max_new_tokens=6 + 5 * i, temperature=0)
+                                          for i, p in enumerate(prompts)])
+    on, off = await run(True), await run(False)
+    assert [s.token_ids for s in on] == [s.token_ids for s in off]
+    for a, b in zip(on, off, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.policy_logprobs, b.policy_logprobs, strict=True)) < 1e-4
+
+
+async def _bf16_errors(smollm2, prompts, reference, cpu_kernels: bool) -> float:
+    """Mean |engine - full forward| of the sampled tokens' log-probabilities, bfloat16 engine."""
+    async with Engine(_bf16(smollm2), smollm2.tokenizer, max_batch=4, cpu_kernels=cpu_kernels) as eng:
+        samples = await asyncio.gather(*[eng.generate(p, max_new_tokens=24, temperature=1.0, seed=i)
+                                         for i, p in enumerate(prompts)])
+    errors = []
+    for p, s in zip(prompts, samples, strict=True):
+        with torch.inference_mode():
+            logits = reference(torch.tensor([p + s.token_ids])).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) - 1 + len(s.token_ids)),
+                                              torch.tensor(s.token_ids)]
+        errors += (ref - torch.tensor(s.policy_logprobs)).abs().tolist()
+    return sum(errors) / len(errors)
+
+
+async def test_bf16_engine_with_cpu_kernels_is_as_close_to_a_full_forward_as_without(smollm2, prompts):
+    # bfloat16 rounds differently in a full forward and in decode steps (~0.03 on average):
+    # the kernels must not add to that.
+    reference = _bf16(smollm2)                            # transformers' own path, no kernels
+    on = await _bf16_errors(smollm2, prompts, reference, True)
+    off = await _bf16_errors(smollm2, prompts, reference, False)
+    assert on < 0.1 and on < 1.5 * off + 0.01, (on, off)
+
+
+async def test_bf16_engine_packed_weights_follow_updates(smollm2, prompts):
+    model = _bf16(smollm2)
+    async with Engine(model, smollm2.tokenizer, max_batch=4, weights_version="w0") as eng:
+        before = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        # Weights changed in place, then announced: the packed copies follow them.
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                if "mlp" in name:
+                    w.add_(0.05 * torch.randn_like(w))
+        await eng.update_weights(eng.model)
+        after = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        fresh_model = copy.deepcopy(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())     # closed: plain modules again
+    async with Engine(fresh_model, smollm2.tokenizer, max_batch=4) as fresh:
+        again = await fresh.generate(prompts[1], max_new_tokens=8, temperature=0)
+    assert after.token_ids == again.token_ids != before.token_ids
+    assert after.policy_logprobs == again.policy_logprobs
+
+
+def test_the_kernels_are_a_policy_setting(smollm2):
+    from tryloop.agent.config import PolicyConfig
+    from tryloop.agent.hf_policy import HFPolicy
+    from tryloop.serve.config import ServeModelConfig
+
+    assert PolicyConfig().cpu_kernels and ServeModelConfig().cpu_kernels
+    loaded = copy.copy(smollm2)
+    loaded.model = copy.deepcopy(smollm2.model)
+    policy = HFPolicy(loaded, max_batch=2, dtype="bfloat16", cpu_kernels=PolicyConfig(cpu_kernels=False).cpu_kernels)
+    try:
+        assert not policy.engine._slot_attention and policy.engine._packed is None
+    finally:
+        policy.engine.close()
