@@ -112,9 +112,14 @@ def test_pack_packs_only_where_it_is_exact(smollm2):
         packed.release()
 
 
-async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, prompts):
-    """float32, where both paths are exact up to float rounding: the same greedy tokens and
-    log-probabilities through joins, drops and cache growth."""
+async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, prompts, monkeypatch):
+    """Slot attention in float32 (where the engine does not use it: no faster), so that both paths
+    are exact up to float rounding: the same greedy tokens and log-probabilities through joins,
+    drops and cache growth."""
+    import tryloop.agent.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "SLOT_ATTENTION_DTYPES", (torch.float32,))
+
     async def run(cpu_kernels: bool):
         model = copy.deepcopy(smollm2.model)
         model.set_attn_implementation("sdpa")          # the session's model may have served an engine
@@ -178,10 +183,13 @@ def test_the_kernels_are_a_policy_setting(smollm2):
     from tryloop.serve.config import ServeModelConfig
 
     assert PolicyConfig().cpu_kernels and ServeModelConfig().cpu_kernels
-    loaded = copy.copy(smollm2)
-    loaded.model = copy.deepcopy(smollm2.model)
-    policy = HFPolicy(loaded, max_batch=2, dtype="bfloat16", cpu_kernels=PolicyConfig(cpu_kernels=False).cpu_kernels)
-    try:
-        assert not policy.engine._slot_attention and policy.engine._packed is None
-    finally:
-        policy.engine.close()
+    for dtype, kernels, slots in (("bfloat16", True, True), ("bfloat16", False, False),
+                                  ("float32", True, False)):     # float32: not faster, not used
+        loaded = copy.copy(smollm2)
+        loaded.model = copy.deepcopy(smollm2.model)
+        policy = HFPolicy(loaded, max_batch=2, dtype=dtype, cpu_kernels=PolicyConfig(cpu_kernels=kernels).cpu_kernels)
+        try:
+            assert policy.engine._slot_attention == slots
+            assert (policy.engine._packed is not None) == (slots and packing_exact(torch.bfloat16, 2))
+        finally:
+            policy.engine.close()

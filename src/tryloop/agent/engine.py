@@ -27,12 +27,13 @@ slot, and a shorter batch just narrows the view. The buffers are reallocated
 layout grew by concatenation, copying the whole cache at every decode step
 (~20% of a step at batch 16 on this CPU) and again at every join and drop.
 
-On a CPU (`cpu_kernels`), a decode step attends over the first `rows` slots of
-the buffers as they are, contiguous, with a mask for each row's columns
-(`slot_attention`: SDPA and torch's bf16 batched matmul are several times slower
-on the strided view), and a bfloat16 model multiplies by weights packed once for
-oneDNN (`packed_linear`) instead of at every call. At 16 sequences of the bundled
-model that took a decode step from ~220 ms to ~125 ms here, with the same tokens.
+On a CPU in bfloat16 (`cpu_kernels`), a decode step attends over the first
+`rows` slots of the buffers as they are, contiguous, with a mask for each row's
+columns (`slot_attention`: SDPA and torch's bf16 batched matmul are several times
+slower on the strided view), and multiplies by weights packed once for oneDNN
+(`packed_linear`) instead of at every call; the packed products are the same
+numbers. At 16 sequences of the bundled model a decode step went from ~190 ms to
+~110-155 ms here (`tryloop bench generation`, against the engine without them).
 
 Sampling is batched (`sampling.sample_batch`): one log_softmax over the batch's
 [rows, vocab] logits, and each row's draw uses only its own seeded generator,
@@ -220,10 +221,10 @@ class Engine:
         `model` in place; None keeps the model's dtype. `kv_block`: the KV cache grows by
         this many columns at a time.
 
-        `cpu_kernels`: on a CPU, decode steps attend over the KV buffers with
-        `slot_attention` (the model is switched to it, SDPA otherwise) and, in bfloat16,
-        multiply by weights packed once (`packed_linear`): the same tokens, ~1.6x faster
-        at 16 sequences here. False keeps transformers' own attention and matmuls."""
+        `cpu_kernels`: on a CPU in bfloat16, decode steps attend over the KV buffers with
+        `slot_attention` (the model is switched to it, SDPA otherwise) and multiply by
+        weights packed once (`packed_linear`). False keeps transformers' own attention and
+        matmuls; float32 models always do (the kernels do not make them faster)."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if kv_block < 1:
@@ -696,10 +697,19 @@ def _check_cache_layout(model: Any) -> None:
         raise EngineError(f"{type(model).__name__}: only full-attention KV caches are supported")
 
 
+#: The dtypes whose decode steps `slot_attention` makes faster on a CPU. float32 is not among them:
+#: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
+#: made decoding 0.94-1.03x as fast (`tryloop bench generation`).
+SLOT_ATTENTION_DTYPES = (torch.bfloat16,)
+
+
 def _use_slot_attention(model: Any, device: torch.device) -> bool:
-    """Switch `model` from SDPA to `slot_attention` for decode steps, where that pays: on a CPU.
-    Models on other attention implementations, or that refuse the switch, keep theirs."""
-    if device.type != "cpu" or getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
+    """Switch `model` from SDPA to `slot_attention` for decode steps, where that pays: on a CPU, in
+    `SLOT_ATTENTION_DTYPES`. Models on other attention implementations, or that refuse the switch,
+    keep theirs."""
+    if device.type != "cpu" or next(model.parameters()).dtype not in SLOT_ATTENTION_DTYPES:
+        return False
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
         return False
     # The step's buffers reach the attention as a keyword argument of the model's forward.
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):

@@ -5,6 +5,8 @@ the machine has fast bf16), the same workload goes through
 
   engine     `tryloop.agent.engine.Engine(max_batch=c)`: all requests submitted at
              once, continuous batching keeps c in flight;
+  plain      the same engine with `cpu_kernels=False`: transformers' own attention and
+             matmuls (the engine before its CPU kernels);
   hf         Hugging Face `model.generate` on static batches of c (left-padded), the
              same prompts; a batch runs until its longest request is done, so only
              the requested tokens count as useful (the rest is static batching's
@@ -13,7 +15,7 @@ the machine has fast bf16), the same workload goes through
              lm head included, + the attention's 4 x heads x head_dim x context per
              layer) at (1) the machine's peak matmul rate (a large GEMM in that
              dtype) and (2) the rate of the decode's own GEMM shapes: every Linear
-             timed at M = c rows, attention at the peak rate.
+             timed at M = c rows (plain or packed, the faster), attention at the peak rate.
 
 The workload is the training run's first turn: the chat-templated system prompt
 of `tryloop.agent.episode.system_prompt` for a function-level task (answer-file
@@ -159,11 +161,19 @@ def flops_per_token(model: Any, context: float) -> float:
 
 
 def decode_gemm_seconds(model: Any, dtype: torch.dtype, rows: int, *, min_s: float = 0.05) -> float:
-    """Seconds of one decode step's Linear layers at M = `rows`, each shape timed on its own."""
+    """Seconds of one decode step's Linear layers at M = `rows`, each shape timed on its own: the
+    faster of torch's `linear` and the engine's packed weights (where packing is exact)."""
+    from tryloop.agent.packed_linear import packed_linear_fn, packing_exact
+
+    packed = packing_exact(dtype, rows)
     total = 0.0
     for (i, o), n in linear_shapes(model).items():
         x, w = torch.randn(rows, i).to(dtype), torch.randn(o, i).to(dtype)
-        total += n * _timeit(lambda x=x, w=w: torch.nn.functional.linear(x, w), min_s)
+        t = _timeit(lambda x=x, w=w: torch.nn.functional.linear(x, w), min_s)
+        if packed:
+            fn = packed_linear_fn(w, rows)
+            t = min(t, _timeit(lambda x=x, fn=fn: fn(x), min_s))
+        total += n * t
     return total
 
 
@@ -201,11 +211,11 @@ def _weighted_pct(gaps: list[tuple[float, int]], q: float) -> float:
 
 
 def run_engine(model: Any, tokenizer: Any, prompts: list[list[int]], lengths: list[int], concurrency: int,
-               *, engine_cls: Any = None, seed: int = 0) -> dict[str, Any]:
+               *, engine_cls: Any = None, seed: int = 0, **engine_kw: Any) -> dict[str, Any]:
     """All requests submitted at once to an engine of `max_batch=concurrency`."""
     if engine_cls is None:
         from tryloop.agent.engine import Engine as engine_cls
-    eng = engine_cls(model, tokenizer, max_batch=concurrency)
+    eng = engine_cls(model, tokenizer, max_batch=concurrency, **engine_kw)
     steps: list[tuple[float, int]] = []
     decode = eng._decode_step
 
@@ -335,21 +345,24 @@ def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
             label = f"c={c} {d}"
             with console.status(f"{label}: engine ..."):
                 eng = run_engine(models[d], tok, prompts, lengths, c)
+            with console.status(f"{label}: engine without its CPU kernels ..."):
+                plain = run_engine(models[d], tok, prompts, lengths, c, cpu_kernels=False)
             with console.status(f"{label}: HF generate ..."):
                 hf = run_hf_generate(models[d], tok, prompts, lengths, c)
             f = floors[d]
             attn_s = attention_flops_per_token(loaded.model.config, context) / f["peak_flops"]
             floor_peak = f["peak_flops"] / fpt
             floor_gemm = c / (f["gemm_s"][c] + c * attn_s)
-            row = {"concurrency": c, "dtype": d, "requests": n, "engine": eng, "hf_generate": hf,
-                   "engine_over_hf": round(eng["tokens_per_s"] / hf["tokens_per_s"], 2),
+            row = {"concurrency": c, "dtype": d, "requests": n, "engine": eng, "engine_plain": plain,
+                   "hf_generate": hf, "engine_over_hf": round(eng["tokens_per_s"] / hf["tokens_per_s"], 2),
+                   "engine_over_plain": round(eng["tokens_per_s"] / plain["tokens_per_s"], 2),
                    "floor_peak_tokens_per_s": round(floor_peak, 1),
                    "floor_decode_gemm_tokens_per_s": round(floor_gemm, 1),
                    "engine_pct_of_floor_peak": round(100 * eng["tokens_per_s"] / floor_peak, 1),
                    "engine_pct_of_floor_decode_gemm": round(100 * eng["tokens_per_s"] / floor_gemm, 1)}
             res["levels"].append(row)
-            console.print(f"  {label}: engine {eng['tokens_per_s']:.1f} tok/s, HF generate "
-                          f"{hf['tokens_per_s']:.1f} tok/s")
+            console.print(f"  {label}: engine {eng['tokens_per_s']:.1f} tok/s, without its CPU kernels "
+                          f"{plain['tokens_per_s']:.1f} tok/s, HF generate {hf['tokens_per_s']:.1f} tok/s")
         if llama_server is not None:
             res.setdefault("llama_server", []).append(
                 _llama_row(llama_server, BUNDLED["smollm2-135m"].path(), prompts, lengths, c, res, console))
@@ -373,13 +386,14 @@ def _table(res: dict[str, Any]) -> Table:
     t = Table(title=f"generation tokens/s: {res['prompt_tokens_mean']:.0f}-token prompts, "
                     f"{res['new_tokens'][0]}-{res['new_tokens'][1]} new tokens at T=1 "
                     f"({res['machine']['torch_threads']} torch threads)")
-    for col in ("c", "dtype", "engine tok/s", "HF gen. tok/s", "floor peak (eng. %)",
+    for col in ("c", "dtype", "engine tok/s", "w/o CPU kernels", "HF gen. tok/s", "floor peak (eng. %)",
                 "floor decode GEMMs (eng. %)", "engine p50/p99 ms/tok", "HF p50/p99"):
         t.add_column(col, justify="right")
     for r in res["levels"]:
-        e, h = r["engine"], r["hf_generate"]
+        e, h, p = r["engine"], r["hf_generate"], r["engine_plain"]
         t.add_row(str(r["concurrency"]), _SHORT.get(r["dtype"], r["dtype"]),
-                  f"[bold]{e['tokens_per_s']:.1f}", f"{h['tokens_per_s']:.1f} ({r['engine_over_hf']:.1f}x)",
+                  f"[bold]{e['tokens_per_s']:.1f}", f"{p['tokens_per_s']:.1f} ({r['engine_over_plain']:.2f}x)",
+                  f"{h['tokens_per_s']:.1f} ({r['engine_over_hf']:.1f}x)",
                   f"{r['floor_peak_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_peak']:.1f}%)",
                   f"{r['floor_decode_gemm_tokens_per_s']:,.0f} ({r['engine_pct_of_floor_decode_gemm']:.0f}%)",
                   f"{e['p50_token_ms']:.0f}/{e['p99_token_ms']:.0f}", f"{h['p50_token_ms']:.0f}/{h['p99_token_ms']:.0f}")
