@@ -3,8 +3,9 @@ the loop without parking the engine (its weights kept through the update), with 
 multi-turn run keeps (every finished sequence, up to 1 GB) in a single-turn run, with oneDNN's
 caches of bf16 matmul kernels at their default capacity, without any of its memory measures
 (the engine's prefix cache and weights kept through the update, no lean heap, the engine loading a
-full copy of the exported weights, the default caches), and with AdamW's moments kept through the
-final evaluations (the learner not finished after the last checkpoint).
+full copy of the exported weights, the default caches), with AdamW's moments kept through the
+final evaluations (the learner not finished after the last checkpoint), and without the engine's
+CPU kernels (`policy.cpu_kernels: false`: transformers' attention and matmuls, no packed weights).
 
     python benchmarks/train_memory.py --config STORE.yaml [--steps 3] [--eval-tasks N] [--final]
                                       [--configs train_loop,without_park] [--out FILE]
@@ -40,9 +41,10 @@ HERE = Path(__file__).resolve().parent
 #: the loop as it is; without parking the engine (its prefix cache is still dropped); with a multi-turn
 #: run's prefix cache; with oneDNN's caches at their default capacity (1024 shapes); without any of
 #: the memory measures.
-#: the memory measures; with AdamW's moments resident through the final evaluations (use with --final).
+#: the memory measures; with AdamW's moments resident through the final evaluations (use with --final);
+#: without the engine's CPU kernels.
 CONFIGS = ("train_loop", "without_park", "multi_turn_prefix_cache", "onednn_default_caches",
-           "without_memory_measures", "without_finish")
+           "without_memory_measures", "without_finish", "without_cpu_kernels")
 
 
 def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int = 0,
@@ -107,6 +109,9 @@ def run_one(name: str, config: Path, steps: int, runs_dir: Path, eval_tasks: int
         HFPolicy.__init__ = multi_turn
     cfg = load_yaml(config)
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"runs_dir": runs_dir})})
+    if name == "without_cpu_kernels":
+        policy = cfg.train.policy.model_copy(update={"cpu_kernels": False})
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"policy": policy})})
     run_id = f"memory-{name}-{int(time.time())}"
     if final:   # the whole run: its steps, then the final evaluations
         tcfg = cfg.train.model_copy(update={"run_id": run_id, "steps": steps, "eval_at_start": False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import json
 from types import SimpleNamespace
 
@@ -223,3 +224,24 @@ def test_generation_bench_helpers(smollm2, tmp_path):
     split = train_step_split(tmp_path)
     assert split == {"steps": 2, "step_wall_s": 16.0, "mean_s": {
         "generation": 15.0, "verification": 3.0, "environment": 2.0, "update": 4.0}}
+
+
+def test_generation_bench_runs_the_engine_beside_its_baselines(smollm2, tmp_path):
+    """One small level of `tryloop bench generation`, end to end: the engine, the engine without
+    its CPU kernels, HF generate and the floors, in the JSON and the table."""
+    from rich.console import Console
+
+    from tryloop.bench.generation import run
+
+    out = tmp_path / "gen.json"
+    res = run(quick=True, concurrency=(2,), dtypes=("bfloat16",), out=out,       # one thread: the fixture
+              console=Console(file=io.StringIO(), width=200))
+    (row,) = json.loads(out.read_text())["levels"]
+    assert row["concurrency"] == 2 and row["dtype"] == "bfloat16" and row["requests"] == 2
+    for side in ("engine", "engine_plain", "hf_generate"):
+        assert 16 * 2 <= row[side]["tokens"] <= 32 * 2 and row[side]["tokens_per_s"] > 0
+    assert row["engine"]["tokens"] == row["engine_plain"]["tokens"] == row["hf_generate"]["tokens"]
+    assert row["engine_over_plain"] == pytest.approx(
+        row["engine"]["tokens_per_s"] / row["engine_plain"]["tokens_per_s"], abs=0.01)
+    assert row["floor_decode_gemm_tokens_per_s"] > 0 and row["floor_peak_tokens_per_s"] > 0
+    assert res["levels"][0]["engine_plain"] == row["engine_plain"]

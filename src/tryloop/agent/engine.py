@@ -699,7 +699,7 @@ def _check_cache_layout(model: Any) -> None:
 
 #: The dtypes whose decode steps `slot_attention` makes faster on a CPU. float32 is not among them:
 #: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
-#: made decoding 0.94-1.03x as fast (`tryloop bench generation`).
+#: made decoding 0.94-1.06x as fast (`tryloop bench generation`).
 SLOT_ATTENTION_DTYPES = (torch.bfloat16,)
 
 
