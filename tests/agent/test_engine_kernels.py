@@ -120,15 +120,32 @@ async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, pr
 
     monkeypatch.setattr(engine_mod, "SLOT_ATTENTION_DTYPES", (torch.float32,))
 
+    from transformers import AttentionInterface
+
+    decode_calls = []
+
+    def spy(module, query, key, value, mask, **kw):   # counts the decode steps that take the kernel's path
+        if kw.get("slot_decode") is not None:
+            decode_calls.append(query.shape[0])
+        return slot_decode_attention(module, query, key, value, mask, **kw)
+
     async def run(cpu_kernels: bool):
         model = copy.deepcopy(smollm2.model)
         model.set_attn_implementation("sdpa")          # the session's model may have served an engine
         async with Engine(model, smollm2.tokenizer, max_batch=3, kv_block=4, cpu_kernels=cpu_kernels) as eng:
             assert eng._slot_attention == cpu_kernels
             assert (model.config._attn_implementation == IMPLEMENTATION) == cpu_kernels
-            return await asyncio.gather(*[eng.generate(p, max_new_tokens=6 + 5 * i, temperature=0)
-                                          for i, p in enumerate(prompts)])
-    on, off = await run(True), await run(False)
+            AttentionInterface.register(IMPLEMENTATION, spy)
+            try:
+                return await asyncio.gather(*[eng.generate(p, max_new_tokens=6 + 5 * i, temperature=0)
+                                              for i, p in enumerate(prompts)])
+            finally:
+                AttentionInterface.register(IMPLEMENTATION, slot_decode_attention)
+    on = await run(True)
+    assert decode_calls and max(decode_calls) == 3      # every layer of every decode step, up to 3 rows
+    decode_calls.clear()
+    off = await run(False)
+    assert not decode_calls
     assert [s.token_ids for s in on] == [s.token_ids for s in off]
     for a, b in zip(on, off, strict=True):
         assert max(abs(x - y) for x, y in zip(a.policy_logprobs, b.policy_logprobs, strict=True)) < 1e-4
@@ -169,9 +186,13 @@ async def test_bf16_engine_packed_weights_follow_updates(smollm2, prompts):
                     w.add_(0.05 * torch.randn_like(w))
         await eng.update_weights(eng.model)
         after = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
-        fresh_model = copy.deepcopy(model)
+        # A second engine on the same model object packs nothing: its copies would not follow
+        # the weights the first one loads.
+        async with Engine(model, smollm2.tokenizer, max_batch=4) as second:
+            assert second._packed is None
     assert all("forward" not in m.__dict__ for m in model.modules())     # closed: plain modules again
-    async with Engine(fresh_model, smollm2.tokenizer, max_batch=4) as fresh:
+    async with Engine(copy.deepcopy(model), smollm2.tokenizer, max_batch=4) as fresh:
+        assert (fresh._packed is not None) == packing_exact(torch.bfloat16, 4)
         again = await fresh.generate(prompts[1], max_new_tokens=8, temperature=0)
     assert after.token_ids == again.token_ids != before.token_ids
     assert after.policy_logprobs == again.policy_logprobs

@@ -321,7 +321,9 @@ class Engine:
 
         Returns the new weights version once the engine runs with them. Don't mutate
         the given tensors before this returns. Passing the engine's own model means
-        "its weights were changed in place": only the version is bumped.
+        "its weights were changed in place": the version is bumped and, where the engine
+        packs its weights (`cpu_kernels`), they are packed again; until then its linear
+        layers keep multiplying by the weights packed before the change.
         """
         return await asyncio.wrap_future(self._submit_update(weights, version))
 

@@ -15,6 +15,8 @@ modules, and anything that needs gradients, gets the plain `linear`. The copies
 are taken from the weights as they are when `refresh()` runs: whoever changes
 the weights calls it (the engine does at every weights update), and `drop()`
 frees them (a parked engine). They cost a second copy of the linear weights.
+One model object has one `PackedLinears` at a time (`pack` refuses a second); a
+deep copy taken while packed computes with its own weights, unpacked.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class PackedLinears:
     def refresh(self) -> None:
         """Pack the weights as they are now."""
         reorder, _ = _ops()                       # type: ignore[misc]
+        self._packed = {}                         # the old copies go first: one copy at a time
         with torch.no_grad():
             self._packed = {id(m): reorder(m.weight.detach(), self.rows) for m in self.modules}
 
@@ -114,9 +117,13 @@ class PackedLinears:
 
 def pack(model: nn.Module, rows: int) -> PackedLinears | None:
     """Packed linears for `model` where that is exact: a CPU model whose weights are in a dtype
-    `packing_exact` accepts (bfloat16 on CPUs with oneDNN's bf16 kernels); None elsewhere."""
+    `packing_exact` accepts (bfloat16 on CPUs with oneDNN's bf16 kernels); None elsewhere, and
+    for a model another `PackedLinears` holds (a second engine on the same model object): its
+    copies would not follow weights the first one loads."""
     params = next(model.parameters())
     if params.device.type != "cpu" or params.dtype != torch.bfloat16 or not packing_exact(params.dtype, rows):
+        return None
+    if any("forward" in m.__dict__ for m in model.modules() if type(m) is nn.Linear):
         return None
     packed = PackedLinears(model, rows)
     packed.refresh()

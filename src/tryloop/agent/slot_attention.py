@@ -14,8 +14,10 @@ are contiguous, with an additive mask (`SlotDecode.bias`) that is 0 on each row'
 own columns and -inf everywhere else: the margins of spare columns (zeros or
 earlier rows' keys, always finite) cost reading them, but two plain matmuls on
 contiguous operands are ~2-4x faster than the view's. The query heads that share a
-key/value head are grouped into the matmul's rows (no repeated keys), and the
-softmax is taken in float32.
+key/value head are grouped into the matmul's rows (no repeated keys). The scores
+come out of the matmul in the model's dtype (torch has no CPU bfloat16 matmul with a
+float32 output; SDPA keeps them in float32), then the mask and the softmax are
+applied in float32.
 
 The function is registered with transformers under `IMPLEMENTATION`; everything
 that is not such a decode step (prefills, a forward without the engine's
