@@ -116,9 +116,9 @@ async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, pr
     """Slot attention in float32 (where the engine does not use it: no faster), so that both paths
     are exact up to float rounding: the same greedy tokens and log-probabilities through joins,
     drops and cache growth."""
-    import tryloop.agent.engine as engine_mod
+    import tryloop.agent.slot_attention as slot_attention
 
-    monkeypatch.setattr(engine_mod, "SLOT_ATTENTION_DTYPES", (torch.float32,))
+    monkeypatch.setattr(slot_attention, "SLOT_ATTENTION_DTYPES", (torch.float32,))
 
     from transformers import AttentionInterface
 

@@ -92,8 +92,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from tryloop.agent.packed_linear import pack as pack_linears
 from tryloop.agent.prefix_cache import PrefixCache
 from tryloop.agent.sampling import SamplingParams, sample_batch
-from tryloop.agent.slot_attention import IMPLEMENTATION, SlotDecode
-from tryloop.agent.slot_attention import register as register_slot_attention
+from tryloop.agent.slot_attention import SlotDecode, use_slot_attention
 from tryloop.errors import TryloopError
 
 FinishReason = Literal["stop", "length"]
@@ -249,7 +248,7 @@ class Engine:
         self._cache_kw = cache_kwarg(model)
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else "num_logits_to_keep"
         _check_cache_layout(model)
-        self._slot_attention = cpu_kernels and _use_slot_attention(model, self.device)
+        self._slot_attention = cpu_kernels and use_slot_attention(model, self.device)
         self._packed = pack_linears(model, max_batch) if cpu_kernels else None
         self._weights_version = weights_version
         self._updates = 0
@@ -697,31 +696,6 @@ def _check_cache_layout(model: Any) -> None:
     # Right-aligned batching assumes every layer keeps all its columns: no sliding windows.
     if not full:
         raise EngineError(f"{type(model).__name__}: only full-attention KV caches are supported")
-
-
-#: The dtypes whose decode steps `slot_attention` makes faster on a CPU. float32 is not among them:
-#: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
-#: made decoding 0.94-1.06x as fast (`tryloop bench generation`).
-SLOT_ATTENTION_DTYPES = (torch.bfloat16,)
-
-
-def _use_slot_attention(model: Any, device: torch.device) -> bool:
-    """Switch `model` from SDPA to `slot_attention` for decode steps, where that pays: on a CPU, in
-    `SLOT_ATTENTION_DTYPES`. Models on other attention implementations, or that refuse the switch,
-    keep theirs."""
-    if device.type != "cpu" or next(model.parameters()).dtype not in SLOT_ATTENTION_DTYPES:
-        return False
-    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
-        return False
-    # The step's buffers reach the attention as a keyword argument of the model's forward.
-    if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
-        return False
-    register_slot_attention()
-    try:
-        model.set_attn_implementation(IMPLEMENTATION)
-    except (ValueError, ImportError, AttributeError):
-        return False
-    return model.config._attn_implementation == IMPLEMENTATION
 
 
 class _SlotLayer(DynamicLayer):
