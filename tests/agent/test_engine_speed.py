@@ -67,6 +67,26 @@ def test_batched_sampling_draws_from_the_stated_distribution():
     assert (tok, lp) == (0, 0.0)
 
 
+def test_two_level_inverse_cdf_finds_the_full_cumulative_sums_token():
+    from tryloop.agent.sampling import CDF_BLOCK, _inverse_cdf
+
+    torch.manual_seed(3)
+    vocab = 3 * CDF_BLOCK + 77                           # full blocks and a short last one
+    probs = torch.softmax(torch.randn(64, vocab) * 4, dim=-1)
+    probs[:, CDF_BLOCK:2 * CDF_BLOCK] = 0.0              # a whole block without mass (outside a nucleus)
+    probs[:, 5::7] = 0.0                                 # zeros between tokens with mass
+    u = torch.rand(64, 1, dtype=torch.float64)
+    u[:4, 0] = torch.tensor([0.0, 1.0 - 2 ** -53, 0.5, 0.999999])
+    picked = _inverse_cdf(probs, u)
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    expected = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=vocab - 1)
+    assert (probs.gather(1, picked) > 0).all()
+    # Sums in another order may move a draw by one token only where u falls within rounding of a
+    # boundary; with random u, none does.
+    assert torch.equal(picked[4:], expected[4:])
+    assert picked[0, 0] == 0 and picked[1, 0] == int(torch.nonzero(probs[1]).max())
+
+
 # --- the KV cache ---------------------------------------------------------------------------------
 
 def _fake_cache(n: int, value: float) -> SimpleNamespace:

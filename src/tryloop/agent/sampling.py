@@ -21,9 +21,10 @@ draws one exponential per vocabulary entry: ~1 ms a row for 49k tokens on this
 CPU, against ~2 ms for a whole batch of 16 here. The same seed gives different
 tokens from that older sampler, but always the same tokens from this one.)
 
-The cumulative sum is in float64 and u has 53 bits, so every token with
-probability above ~1e-15 is drawn with its own probability, and a token outside
-the nucleus (probability exactly 0) can never be drawn.
+The cumulative sums are in float64 (over block totals, then within the block
+drawn: `_inverse_cdf`) and u has 53 bits, so every token with probability above
+~1e-15 is drawn with its own probability, and a token outside the nucleus
+(probability exactly 0) can never be drawn.
 """
 
 from __future__ import annotations
@@ -94,13 +95,9 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
             top_p = torch.tensor([rows[j].top_p for j in nucleus], dtype=logp.dtype, device=device)
             at = torch.tensor(nucleus, device=device)
             logp[at] = _nucleus(logp[at], top_p)
-        cdf = torch.cumsum(logp.exp(), dim=-1, dtype=torch.float64)
-        total = cdf[:, -1:]
         u = torch.cat([torch.rand(1, dtype=torch.float64, generator=generators[i], device=device)
                        for i in drawn])[:, None]
-        # Strictly below the total, so the search lands on a token of positive probability.
-        x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        picked = torch.searchsorted(cdf, x, right=True).clamp_(max=logits.shape[-1] - 1)
+        picked = _inverse_cdf(logp.exp(), u)
         if d is None:
             tokens = picked[:, 0]
             sample_lp = logp.gather(1, picked)[:, 0]
@@ -109,6 +106,45 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
             sample_lp[d] = logp.gather(1, picked)[:, 0]
     policy_lp = policy.gather(1, tokens[:, None])[:, 0]
     return list(zip(tokens.tolist(), sample_lp.tolist(), policy_lp.tolist(), strict=True))
+
+
+#: Tokens per block of the two-level inverse CDF: the vocabulary-wide pass is one block sum, the
+#: cumulative sums run over the block totals and over one block per row.
+CDF_BLOCK = 1024
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the token where the cumulative distribution of `probs` [rows, vocab] (float32, not
+    necessarily normalized) first exceeds `u` [rows, 1] (float64 in [0, 1)) times the row's total:
+    [rows, 1] indices.
+
+    In two levels, all sums in float64: block totals, the block where u falls, then the token
+    within that block. A full-vocabulary float64 cumulative sum costs a converted copy and a
+    sequential scan of every row (~4 ms a step of 16 rows of 49k tokens on a CPU); this reads the
+    vocabulary once, in a vectorized reduction. Each level searches strictly below its total, so
+    the token drawn always has positive probability."""
+    rows, vocab = probs.shape
+    full = vocab // CDF_BLOCK * CDF_BLOCK
+    sums = [probs[:, :full].view(rows, -1, CDF_BLOCK).sum(-1, dtype=torch.float64)] if full else []
+    if full < vocab:
+        sums.append(probs[:, full:].sum(-1, keepdim=True, dtype=torch.float64))
+    block_cdf = torch.cumsum(torch.cat(sums, dim=1), dim=-1)
+    x = u * block_cdf[:, -1:]
+    block = _search_below_total(block_cdf, x)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_(min=0)), 0.0)
+    cols = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)
+    inside = cols < vocab
+    local = torch.where(inside, probs.gather(1, cols.clamp(max=vocab - 1)), 0.0)
+    offset = _search_below_total(torch.cumsum(local, dim=-1, dtype=torch.float64), x - before)
+    return block * CDF_BLOCK + offset
+
+
+def _search_below_total(cdf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The first column of the non-decreasing `cdf` [rows, n] above `x` [rows, 1], `x` first
+    brought strictly below the row's total so that the column found adds positive mass."""
+    total = cdf[:, -1:]
+    x = torch.minimum(x.clamp(min=0.0), torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).clamp_(max=cdf.shape[-1] - 1)
 
 
 def _nucleus(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
