@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from tryloop.agent import native_attention
 from tryloop.agent.engine import Engine
 from tryloop.agent.packed_linear import PackedLinears, pack, packing_exact
 from tryloop.agent.slot_attention import IMPLEMENTATION, SlotDecode, slot_decode_attention
@@ -26,8 +27,19 @@ class _Attn(torch.nn.Module):
         self.layer_idx, self.num_key_value_groups, self.is_causal = 0, heads // kv_heads, True
 
 
+@pytest.fixture(params=["native", "matmul"])
+def decode_path(request, monkeypatch):
+    """Each decode-attention path: the C kernel (which the test machines can build: no skip) and
+    torch's matmuls, which a host without a C compiler gets."""
+    if request.param == "native":
+        assert native_attention.kernel() is not None, "the native decode attention did not build"
+    else:
+        monkeypatch.setattr(native_attention, "kernel", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_slot_attention_equals_sdpa_on_the_live_columns(dtype, tol):
+def test_slot_attention_equals_sdpa_on_the_live_columns(dtype, tol, decode_path):
     gen = torch.Generator().manual_seed(0)
     rows, heads, kv_heads, cap, dim, start, length = 5, 6, 2, 40, 16, 7, 21
     # Every column outside the live ones holds large finite values: nothing of them may leak.
@@ -40,10 +52,11 @@ def test_slot_attention_equals_sdpa_on_the_live_columns(dtype, tol):
     query = torch.randn(rows, heads, 1, dim, generator=gen).to(dtype)
     cols = torch.arange(cap)
     live = (cols[None, :] >= (end - attended)[:, None]) & (cols[None, :] < end)
-    bias = torch.zeros(rows, cap).masked_fill_(~live, float("-inf"))[:, None, None, :]
     module = _Attn(heads, kv_heads)
+    step = SlotDecode([(k_buf[:rows], v_buf[:rows])], end - attended, end)
     ours, _ = slot_decode_attention(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end], None,
-                                    scaling=0.3, slot_decode=SlotDecode([(k_buf[:rows], v_buf[:rows])], bias))
+                                    scaling=0.3, slot_decode=step)
+    assert ("bias" in vars(step)) == (decode_path == "matmul")        # the native path needs no mask
     # transformers' SDPA on the view, masked as the engine masks it without these kernels.
     view_mask = live[:, None, None, start:end]
     ref, _ = sdpa_attention_forward(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end],
@@ -54,6 +67,53 @@ def test_slot_attention_equals_sdpa_on_the_live_columns(dtype, tol):
     plain, _ = slot_decode_attention(module, query, k_buf[:rows, :, start:end], v_buf[:rows, :, start:end],
                                      view_mask, scaling=0.3)
     assert torch.equal(plain, ref)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 128), (6, 2, 40)])
+def test_native_decode_attention_against_float64(dtype, tol, heads, kv_heads, dim):
+    kernel = native_attention.kernel()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(1)
+    rows, cap, end = 7, 300, 260
+    keys = (30 * torch.randn(rows + 3, kv_heads, cap, dim, generator=gen)).to(dtype)
+    values = (30 * torch.randn(rows + 3, kv_heads, cap, dim, generator=gen)).to(dtype)
+    keys[:, :, :end] /= 30
+    values[:, :, :end] /= 30
+    first = torch.tensor([0, 259, 100, 17, 200, 1, 130])        # one column up to all of them
+    query = torch.randn(rows, heads, 1, dim, generator=gen).to(dtype)
+    want = native_attention.reference(query, keys, values, first, end, dim ** -0.5)
+    got = kernel.attend(query, keys, values, first, end, dim ** -0.5)
+    assert got.dtype == dtype and got.shape == (rows, 1, heads, dim)
+    assert (got.double() - want).abs().max() < tol
+    # A query laid out as a model's (heads transposed out of a [rows, 1, heads, dim] projection).
+    strided = query.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(kernel.attend(strided, keys, values, first, end, dim ** -0.5), got)
+    # Rows split over threads: the same numbers.
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(kernel.attend(query, keys, values, first, end, dim ** -0.5), got)
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="refused"):
+        kernel.attend(query, keys, values, first, cap + 1, 0.1)     # past the buffers' columns
+
+
+def test_native_decode_attention_builds_once_and_degrades_without_a_compiler(tmp_path, monkeypatch, caplog):
+    import tryloop.sandbox.native as sandbox_native
+
+    monkeypatch.setattr(native_attention, "_cache_dir", lambda: tmp_path)
+    built = native_attention._build()
+    assert built.parent == tmp_path and built.suffix == ".so"
+    assert native_attention._build() == built and len(list(tmp_path.iterdir())) == 1    # cached
+    native_attention.kernel.cache_clear()
+    monkeypatch.setattr(sandbox_native, "compiler", lambda: None)
+    built.unlink()
+    try:
+        assert native_attention.kernel() is None
+        assert "no C compiler" in caplog.text and "torch matmuls" in caplog.text
+    finally:
+        native_attention.kernel.cache_clear()
 
 
 def _no_grad(fn, *args):
@@ -112,10 +172,10 @@ def test_pack_packs_only_where_it_is_exact(smollm2):
         packed.release()
 
 
-async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, prompts, monkeypatch):
-    """Slot attention in float32 (where the engine does not use it: no faster), so that both paths
-    are exact up to float rounding: the same greedy tokens and log-probabilities through joins,
-    drops and cache growth."""
+async def test_engine_with_cpu_kernels_generates_what_it_did_without(smollm2, prompts, monkeypatch, decode_path):
+    """Slot attention in float32 (the matmul path too, which the engine does not use in float32:
+    no faster), so that both paths are exact up to float rounding: the same greedy tokens and
+    log-probabilities through joins, drops and cache growth."""
     import tryloop.agent.slot_attention as slot_attention
 
     monkeypatch.setattr(slot_attention, "SLOT_ATTENTION_DTYPES", (torch.float32,))
@@ -204,13 +264,21 @@ def test_the_kernels_are_a_policy_setting(smollm2):
     from tryloop.serve.config import ServeModelConfig
 
     assert PolicyConfig().cpu_kernels and ServeModelConfig().cpu_kernels
-    for dtype, kernels, slots in (("bfloat16", True, True), ("bfloat16", False, False),
-                                  ("float32", True, False)):     # float32: not faster, not used
+    # float32: slot attention only with the native kernel (the matmul path is no faster there), no
+    # packing (nothing to gain).
+    for dtype, kernels, slots, native in (("bfloat16", True, True, True), ("bfloat16", False, False, True),
+                                          ("float32", True, True, True), ("float32", True, False, False),
+                                          ("bfloat16", True, True, False)):
         loaded = copy.copy(smollm2)
         loaded.model = copy.deepcopy(smollm2.model)
-        policy = HFPolicy(loaded, max_batch=2, dtype=dtype, cpu_kernels=PolicyConfig(cpu_kernels=kernels).cpu_kernels)
+        with pytest.MonkeyPatch.context() as mp:
+            if not native:
+                mp.setattr(native_attention, "kernel", lambda: None)
+            policy = HFPolicy(loaded, max_batch=2, dtype=dtype,
+                              cpu_kernels=PolicyConfig(cpu_kernels=kernels).cpu_kernels)
         try:
             assert policy.engine._slot_attention == slots
-            assert (policy.engine._packed is not None) == (slots and packing_exact(torch.bfloat16, 2))
+            assert (policy.engine._packed is not None) == (
+                kernels and dtype == "bfloat16" and packing_exact(torch.bfloat16, 2))
         finally:
             policy.engine.close()

@@ -834,13 +834,9 @@ class _SlotCache(Cache):
     def slot_decode(self, attended: torch.Tensor) -> SlotDecode:
         """The next decode step's buffers and mask for `slot_attention`: live row i attends to
         its last `attended[i]` columns up to and including the one the step writes."""
-        keys = self.layers[0]._k
         end = self.start + self.length + 1
-        cols = torch.arange(keys.shape[-2], device=keys.device)
-        live = (cols[None, :] >= (end - attended)[:, None]) & (cols[None, :] < end)
-        bias = torch.zeros(live.shape, dtype=torch.float32, device=keys.device).masked_fill_(~live, float("-inf"))
         return SlotDecode([(layer._k[:self.rows], layer._v[:self.rows]) for layer in self.layers],
-                          bias[:, None, None, :])
+                          end - attended, end)
 
     def reserve(self, n: int) -> None:
         """Room for `n` more columns on the right."""

@@ -9,15 +9,20 @@ one to three query rows per key/value head, runs at a few GFLOP/s: at 16 rows of
 ~600 columns it took ~2.7 ms a layer for ~7 MB of keys and values (measured on
 the bundled model; ~40% of a decode step).
 
-Here the step attends to the first `rows` slots of the buffers as they are, which
-are contiguous, with an additive mask (`SlotDecode.bias`) that is 0 on each row's
-own columns and -inf everywhere else: the margins of spare columns (zeros or
-earlier rows' keys, always finite) cost reading them, but two plain matmuls on
-contiguous operands are ~2-4x faster than the view's. The query heads that share a
-key/value head are grouped into the matmul's rows (no repeated keys). The scores
-come out of the matmul in the model's dtype (torch has no CPU bfloat16 matmul with a
-float32 output; SDPA keeps them in float32), then the mask and the softmax are
-applied in float32.
+Here the step attends to the buffers directly, each row to its own live columns
+`[first[row], end)` (`SlotDecode`), in one of two ways:
+
+- the C kernel of `native_attention` (where the host can build it): per row and
+  key/value head one pass over the live keys and one over the live values, the
+  query heads that share them together, scores, softmax and sums in float32;
+- otherwise two torch matmuls over the first `rows` slots of the buffers as they
+  are, which are contiguous, with an additive mask (`SlotDecode.bias`) that is 0
+  on each row's own columns and -inf everywhere else: the margins of spare
+  columns (zeros or earlier rows' keys, always finite) cost reading them, but
+  plain matmuls on contiguous operands are ~2-4x faster than the view's. The
+  scores come out of the matmul in the model's dtype (torch has no CPU bfloat16
+  matmul with a float32 output; SDPA keeps them in float32), then the mask and
+  the softmax are applied in float32.
 
 The function is registered with transformers under `IMPLEMENTATION`; everything
 that is not such a decode step (prefills, a forward without the engine's
@@ -29,9 +34,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
+
+from tryloop.agent import native_attention
 
 IMPLEMENTATION = "tryloop_slots"
 
@@ -39,10 +47,21 @@ IMPLEMENTATION = "tryloop_slots"
 @dataclass
 class SlotDecode:
     """What one decode step's attention needs besides the model's own arguments: the batch's
-    buffers per layer and the mask over their columns."""
+    buffers per layer and the columns each row attends to, `[first[row], end)`."""
 
     buffers: list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys, values [rows, kv_heads, capacity, dim]
-    bias: torch.Tensor                                 # [rows, 1, 1, capacity] float32: 0 attended, -inf not
+    first: torch.Tensor                                # [rows] int64
+    end: int
+
+    @cached_property
+    def bias(self) -> torch.Tensor:
+        """The attended columns as an additive mask [rows, 1, 1, capacity], float32: 0 attended,
+        -inf not (for the matmul path; built once a step, shared by the layers)."""
+        keys = self.buffers[0][0]
+        cols = torch.arange(keys.shape[-2], device=keys.device)
+        live = (cols[None, :] >= self.first[:, None]) & (cols[None, :] < self.end)
+        bias = torch.zeros(live.shape, dtype=torch.float32, device=keys.device)
+        return bias.masked_fill_(~live, float("-inf"))[:, None, None, :]
 
 
 def slot_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -59,6 +78,9 @@ def slot_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, v
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]
     scale = scaling if scaling is not None else dim ** -0.5
+    native = native_attention.kernel()
+    if native is not None and native.supports(query, keys, values):
+        return native.attend(query, keys, values, step.first, step.end, scale), None
     # Query head h reads key/value head h // (heads // kv_heads), as transformers' repeat_kv has it.
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(q, keys.transpose(-1, -2)).float()
@@ -77,17 +99,22 @@ def register() -> None:
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
 
-#: The dtypes whose decode steps `slot_attention` makes faster on a CPU. float32 is not among them:
-#: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
-#: made decoding 0.94-1.06x as fast (`tryloop bench generation`).
+#: The dtypes whose decode steps the torch-matmul path makes faster on a CPU. float32 is not among
+#: them: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
+#: made decoding 0.94-1.06x as fast (`tryloop bench generation`). The native kernel pays in both
+#: (`native_attention.DTYPES`; float32 decoding 1.28x as fast at 16 rows).
 SLOT_ATTENTION_DTYPES = (torch.bfloat16,)
 
 
 def use_slot_attention(model: Any, device: torch.device) -> bool:
     """Switch `model` from SDPA to `slot_attention` for decode steps, where that pays: on a CPU, in
-    `SLOT_ATTENTION_DTYPES`. Models on other attention implementations, or that refuse the switch,
-    keep theirs."""
-    if device.type != "cpu" or next(model.parameters()).dtype not in SLOT_ATTENTION_DTYPES:
+    the native kernel's dtypes where it can be built, else in `SLOT_ATTENTION_DTYPES`. Models on
+    other attention implementations, or that refuse the switch, keep theirs."""
+    if device.type != "cpu":
+        return False
+    dtype = next(model.parameters()).dtype
+    if dtype not in SLOT_ATTENTION_DTYPES and not (
+            dtype in native_attention.DTYPES and native_attention.kernel() is not None):
         return False
     if getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
         return False
