@@ -97,6 +97,8 @@ def test_native_decode_attention_against_float64(dtype, tol, heads, kv_heads, di
         torch.set_num_threads(1)
     with pytest.raises(ValueError, match="refused"):
         kernel.attend(query, keys, values, first, cap + 1, 0.1)     # past the buffers' columns
+    with pytest.raises(ValueError, match="do not fit"):
+        kernel.attend(query, keys, values, first[:3], end, 0.1)      # a row without its columns
 
 
 def test_native_decode_attention_builds_once_and_degrades_without_a_compiler(tmp_path, monkeypatch, caplog):

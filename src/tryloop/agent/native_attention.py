@@ -63,7 +63,10 @@ class NativeDecode:
         contiguous; row r attends to its columns [first[r], end). Returns [rows, 1, heads, dim]
         (transformers' attention output layout), in the query's dtype."""
         rows, heads, _, dim = query.shape
-        _, kv_heads, capacity, _ = keys.shape
+        slots, kv_heads, capacity, _ = keys.shape
+        if first.shape != (rows,) or slots < rows or keys.shape[-1] != dim or heads % kv_heads:
+            raise ValueError(f"native decode attention: query {tuple(query.shape)}, keys "
+                             f"{tuple(keys.shape)} and first {tuple(first.shape)} do not fit together")
         if query.stride(-1) != 1:
             query = query.contiguous()
         first = first.to(torch.int64).contiguous()
