@@ -102,12 +102,19 @@ def test_native_decode_attention_against_float64(dtype, tol, heads, kv_heads, di
 
 
 def test_native_decode_attention_builds_once_and_degrades_without_a_compiler(tmp_path, monkeypatch, caplog):
+    import ctypes
+
     import tryloop.sandbox.native as sandbox_native
 
     monkeypatch.setattr(native_attention, "_cache_dir", lambda: tmp_path)
     built = native_attention._build()
     assert built.parent == tmp_path and built.suffix == ".so"
     assert native_attention._build() == built and len(list(tmp_path.iterdir())) == 1    # cached
+    # Loading it leaves the process's float mode alone: denormals are still computed, not flushed
+    # (a library built with -ffast-math would set flush-to-zero for every torch op in the process).
+    ctypes.CDLL(str(built))
+    tiny = torch.tensor([1e-40])
+    assert (tiny * 1.0).item() > 0
     native_attention.kernel.cache_clear()
     monkeypatch.setattr(sandbox_native, "compiler", lambda: None)
     built.unlink()
