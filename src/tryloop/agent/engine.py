@@ -27,13 +27,14 @@ slot, and a shorter batch just narrows the view. The buffers are reallocated
 layout grew by concatenation, copying the whole cache at every decode step
 (~20% of a step at batch 16 on this CPU) and again at every join and drop.
 
-On a CPU in bfloat16 (`cpu_kernels`), a decode step attends over the first
-`rows` slots of the buffers as they are, contiguous, with a mask for each row's
-columns (`slot_attention`: SDPA and torch's bf16 batched matmul are several times
-slower on the strided view), and multiplies by weights packed once for oneDNN
-(`packed_linear`) instead of at every call; the packed products are the same
-numbers. At 16 sequences of the bundled model a decode step went from ~190 ms to
-~110-155 ms here (`tryloop bench generation`, against the engine without them).
+On a CPU (`cpu_kernels`), a decode step attends to the buffers directly, each
+row to its own live columns (`slot_attention`: SDPA and torch's batched matmuls
+are several times slower on the strided view), with a C loop
+(`native_attention`) where the host can build one; in bfloat16 it also
+multiplies by weights packed once for oneDNN (`packed_linear`) instead of at
+every call, the packed products being the same numbers. At 16 sequences of the
+bundled model in bfloat16 a decode step went from ~190 ms to ~95 ms here
+(`tryloop bench generation`, against the engine without them).
 
 Sampling is batched (`sampling.sample_batch`): one log_softmax over the batch's
 [rows, vocab] logits, and each row's draw uses only its own seeded generator,
@@ -220,10 +221,10 @@ class Engine:
         `model` in place; None keeps the model's dtype. `kv_block`: the KV cache grows by
         this many columns at a time.
 
-        `cpu_kernels`: on a CPU in bfloat16, decode steps attend over the KV buffers with
-        `slot_attention` (the model is switched to it, SDPA otherwise) and multiply by
-        weights packed once (`packed_linear`). False keeps transformers' own attention and
-        matmuls; float32 models always do (the kernels do not make them faster)."""
+        `cpu_kernels`: on a CPU, decode steps attend over the KV buffers with
+        `slot_attention` (the model is switched to it, SDPA otherwise; in float32 only
+        where its C kernel builds) and bfloat16 models multiply by weights packed once
+        (`packed_linear`). False keeps transformers' own attention and matmuls."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if kv_block < 1:
@@ -832,8 +833,8 @@ class _SlotCache(Cache):
         return order[:n]
 
     def slot_decode(self, attended: torch.Tensor) -> SlotDecode:
-        """The next decode step's buffers and mask for `slot_attention`: live row i attends to
-        its last `attended[i]` columns up to and including the one the step writes."""
+        """The next decode step's buffers and columns for `slot_attention`: live row i attends
+        to its last `attended[i]` columns up to and including the one the step writes."""
         end = self.start + self.length + 1
         return SlotDecode([(layer._k[:self.rows], layer._v[:self.rows]) for layer in self.layers],
                           end - attended, end)
