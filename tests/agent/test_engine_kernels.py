@@ -86,19 +86,48 @@ def test_native_decode_attention_against_float64(dtype, tol, heads, kv_heads, di
     got = kernel.attend(query, keys, values, first, end, dim ** -0.5)
     assert got.dtype == dtype and got.shape == (rows, 1, heads, dim)
     assert (got.double() - want).abs().max() < tol
-    # A query laid out as a model's (heads transposed out of a [rows, 1, heads, dim] projection).
-    strided = query.transpose(1, 2).contiguous().transpose(1, 2)
+    # A query whose rows and heads are not where a contiguous one has them (the kernel must
+    # follow both strides).
+    strided = torch.empty(heads, rows, 1, 2 * dim, dtype=dtype).transpose(0, 1)[..., :dim]
+    strided.copy_(query)
+    assert strided.stride(1) != dim and strided.stride(0) != heads * dim
     assert torch.equal(kernel.attend(strided, keys, values, first, end, dim ** -0.5), got)
     # Rows split over threads: the same numbers.
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         assert torch.equal(kernel.attend(query, keys, values, first, end, dim ** -0.5), got)
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
+    # Arguments the C loop would read out of bounds are refused before it runs.
     with pytest.raises(ValueError, match="refused"):
         kernel.attend(query, keys, values, first, cap + 1, 0.1)     # past the buffers' columns
     with pytest.raises(ValueError, match="do not fit"):
         kernel.attend(query, keys, values, first[:3], end, 0.1)      # a row without its columns
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(ValueError, match="takes contiguous"):
+        kernel.attend(query.to(other), keys, values, first, end, 0.1)           # another dtype
+    with pytest.raises(ValueError, match="takes contiguous"):
+        kernel.attend(query, keys[:, :, 10:], values[:, :, 10:], first, end, 0.1)   # a strided view
+
+
+def test_native_decode_attention_leaves_larger_heads_to_torch():
+    kernel = native_attention.kernel()
+    assert kernel is not None
+    big = native_attention.MAX_DIM + 64
+    query, keys = torch.zeros(2, 4, 1, big), torch.zeros(2, 2, 8, big)
+    assert not kernel.supports(query, keys, keys)
+    assert kernel.supports(query[..., :64], keys[..., :64].contiguous(), keys[..., :64].contiguous())
+    # Through slot attention such a model takes the matmul path and gets the right answer.
+    module = _Attn(4, 2)
+    first = torch.tensor([2, 5])
+    gen = torch.Generator().manual_seed(2)
+    query, keys, values = (torch.randn(2, 4, 1, big, generator=gen), torch.randn(2, 2, 8, big, generator=gen),
+                           torch.randn(2, 2, 8, big, generator=gen))
+    out, _ = slot_decode_attention(module, query, keys, values, None, scaling=0.05,
+                                   slot_decode=SlotDecode([(keys, values)], first, 8))
+    want = native_attention.reference(query, keys, values, first, 8, 0.05)
+    assert (out.double() - want).abs().max() < 1e-5
 
 
 def test_native_decode_attention_builds_once_and_degrades_without_a_compiler(tmp_path, monkeypatch, caplog):

@@ -85,6 +85,10 @@ def test_two_level_inverse_cdf_finds_the_full_cumulative_sums_token():
     # boundary; with random u, none does.
     assert torch.equal(picked[4:], expected[4:])
     assert picked[0, 0] == 0 and picked[1, 0] == int(torch.nonzero(probs[1]).max())
+    # Rows without positive mass (NaN logits from a diverged model, or all zeros) still get an
+    # index inside the vocabulary, which is not a whole number of blocks here.
+    broken = torch.stack([torch.full((vocab,), float("nan")), torch.zeros(vocab)])
+    assert (_inverse_cdf(broken, torch.rand(2, 1, dtype=torch.float64)) < vocab).all()
 
 
 # --- the KV cache ---------------------------------------------------------------------------------

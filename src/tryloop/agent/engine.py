@@ -788,7 +788,8 @@ class _SlotCache(Cache):
                 src = getattr(self.layers[i], attr) if self.layers else like
                 b, h, _, d = src.shape
                 # Zeroed: the live rows' left parts must be zeros, and a decode step's slot
-                # attention reads (masked) every column of the live slots, which must be finite.
+                # attention on torch's matmuls reads (masked) every column of the live slots,
+                # which must be finite.
                 buf = src.new_zeros(slots, h, cap, d)
                 if rows:
                     buf[:rows, :, end - old_len:end] = src[:rows, :, old_start:old_start + old_len]

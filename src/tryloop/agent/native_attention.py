@@ -24,6 +24,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,14 +33,17 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "slot_decode.c"
-# Reassociation lets the compiler spread the float32 sums over vector lanes (2x faster here); the
-# inputs are finite (the engine's buffers are zeroed), so finite-math holds. Not -ffast-math: with
+# Reassociation lets the compiler spread the float32 sums over vector lanes (2x faster here);
+# finite-math assumes the live keys and values are finite, which a model's are (a NaN from a
+# diverged model still propagates through the loop's own exp). Not -ffast-math: with
 # -shared, gcc 12 links crtfastmath.o, which on load sets flush-to-zero and denormals-are-zero for
 # the whole process, changing every float computation of torch in it.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
          "-fassociative-math", "-freciprocal-math", "-ffinite-math-only", "-fopenmp-simd",
          "-fPIC", "-shared")
 DTYPES = {torch.bfloat16: "slot_decode_bf16", torch.float32: "slot_decode_f32"}
+MAX_DIM = 512                     # the C loop's row buffer; larger heads take torch's matmuls
+BUILD_TIMEOUT_S = 120.0
 
 
 class NativeDecode:
@@ -55,10 +59,14 @@ class NativeDecode:
             self._fns[dtype] = fn
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self._pool_lock = threading.Lock()        # engines in one process share this kernel
 
     def supports(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
-        return (query.device.type == "cpu" and query.dtype in self._fns
-                and query.dtype == keys.dtype == values.dtype
+        """Whether `attend` takes these tensors (else the caller uses torch's matmuls)."""
+        return (query.device.type == keys.device.type == values.device.type == "cpu"
+                and query.dtype in self._fns and query.dtype == keys.dtype == values.dtype
+                and query.dim() == keys.dim() == 4 and query.shape[2] == 1
+                and 0 < query.shape[-1] <= MAX_DIM
                 and keys.is_contiguous() and values.is_contiguous() and keys.shape == values.shape)
 
     def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -66,9 +74,16 @@ class NativeDecode:
         """`query` [rows, heads, 1, dim]; `keys`, `values` [rows or more, kv_heads, capacity, dim],
         contiguous; row r attends to its columns [first[r], end). Returns [rows, 1, heads, dim]
         (transformers' attention output layout), in the query's dtype."""
+        # The C loop trusts every pointer and size it is given: check them all here.
+        if not self.supports(query, keys, values):
+            raise ValueError(f"native decode attention takes contiguous CPU keys and values of the query's "
+                             f"dtype ({', '.join(map(str, self._fns))}), one query token and heads of at "
+                             f"most {MAX_DIM}: got query {tuple(query.shape)} {query.dtype}, keys "
+                             f"{tuple(keys.shape)} {keys.dtype}, values {tuple(values.shape)}")
         rows, heads, _, dim = query.shape
         slots, kv_heads, capacity, _ = keys.shape
-        if first.shape != (rows,) or slots < rows or keys.shape[-1] != dim or heads % kv_heads:
+        if first.shape != (rows,) or first.device.type != "cpu" or slots < rows or keys.shape[-1] != dim \
+                or heads % kv_heads:
             raise ValueError(f"native decode attention: query {tuple(query.shape)}, keys "
                              f"{tuple(keys.shape)} and first {tuple(first.shape)} do not fit together")
         if query.stride(-1) != 1:
@@ -87,12 +102,15 @@ class NativeDecode:
         if parts <= 1:
             codes = [run(0, rows)]
         else:
-            if self._pool_size < parts - 1:
-                self._pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="tryloop-attn")
-                self._pool_size = parts - 1
+            with self._pool_lock:
+                if self._pool is None or self._pool_size < parts - 1:
+                    old, self._pool = self._pool, ThreadPoolExecutor(parts - 1, thread_name_prefix="tryloop-attn")
+                    self._pool_size = parts - 1
+                    if old is not None:
+                        old.shutdown(wait=False)      # its queued work still runs
+                pool = self._pool
             bounds = [rows * k // parts for k in range(parts + 1)]
-            assert self._pool is not None
-            futures = [self._pool.submit(run, bounds[k], bounds[k + 1]) for k in range(1, parts)]
+            futures = [pool.submit(run, bounds[k], bounds[k + 1]) for k in range(1, parts)]
             codes = [run(bounds[0], bounds[1])] + [f.result() for f in futures]
         if any(codes):
             raise ValueError(f"native decode attention refused its arguments (code {max(codes)}): "
@@ -143,11 +161,19 @@ def _build() -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".slot_decode-", suffix=".so")
     os.close(fd)
-    proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-2000:]}")
-    os.replace(tmp, target)          # atomic: processes building at once all load a whole file
+    try:
+        try:
+            proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
+                                  text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"{cc} failed: {e}") from e
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-2000:]}")
+        os.chmod(tmp, 0o755)         # loadable by other users of a shared cache
+        os.replace(tmp, target)      # atomic: processes building at once all load a whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return target
 
 
@@ -174,10 +200,16 @@ def _check(kernel: NativeDecode) -> None:
 @functools.cache
 def kernel() -> NativeDecode | None:
     """The checked kernel, or None (the reason logged once) where it cannot be built or is wrong."""
+    path = None
     try:
-        kernel = NativeDecode(ctypes.CDLL(str(_build())))
+        path = _build()
+        kernel = NativeDecode(ctypes.CDLL(str(path)))
         _check(kernel)
     except (OSError, RuntimeError, ValueError, AttributeError) as e:
+        if path is not None:
+            # A cached file that does not load or compute right is not kept: the next process
+            # builds it again instead of trusting it.
+            path.unlink(missing_ok=True)
         log.warning("native decode attention unavailable, decode steps use torch matmuls: %s", e)
         return None
     return kernel

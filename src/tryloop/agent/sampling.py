@@ -122,7 +122,8 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     within that block. A full-vocabulary float64 cumulative sum costs a converted copy and a
     sequential scan of every row (~4 ms a step of 16 rows of 49k tokens on a CPU); this reads the
     vocabulary once, in a vectorized reduction. Each level searches strictly below its total, so
-    the token drawn always has positive probability."""
+    where the row's total is positive the token drawn has positive probability; the index is
+    always within the vocabulary."""
     rows, vocab = probs.shape
     full = vocab // CDF_BLOCK * CDF_BLOCK
     sums = [probs[:, :full].view(rows, -1, CDF_BLOCK).sum(-1, dtype=torch.float64)] if full else []
@@ -136,7 +137,9 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     inside = cols < vocab
     local = torch.where(inside, probs.gather(1, cols.clamp(max=vocab - 1)), 0.0)
     offset = _search_below_total(torch.cumsum(local, dim=-1, dtype=torch.float64), x - before)
-    return block * CDF_BLOCK + offset
+    # A row without positive mass (NaN or all-zero probabilities: a diverged model) finds the
+    # last column of the last block, which may be past the vocabulary.
+    return (block * CDF_BLOCK + offset).clamp_(max=vocab - 1)
 
 
 def _search_below_total(cdf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

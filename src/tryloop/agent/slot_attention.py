@@ -113,8 +113,9 @@ def use_slot_attention(model: Any, device: torch.device) -> bool:
     if device.type != "cpu":
         return False
     dtype = next(model.parameters()).dtype
-    if dtype not in SLOT_ATTENTION_DTYPES and not (
-            dtype in native_attention.DTYPES and native_attention.kernel() is not None):
+    # Built (or found wanting) here, not inside the first decode step.
+    native = native_attention.kernel()
+    if dtype not in SLOT_ATTENTION_DTYPES and not (native is not None and dtype in native_attention.DTYPES):
         return False
     if getattr(model.config, "_attn_implementation", None) not in ("sdpa", IMPLEMENTATION):
         return False

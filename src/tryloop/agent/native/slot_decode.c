@@ -16,8 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DIM 512
-#define MAX_GROUP 64
+#define MAX_DIM 512       /* the head sizes the row buffer holds (native_attention.MAX_DIM) */
 
 static inline float load_bf16(const uint16_t *p) {
     uint32_t bits = (uint32_t)(*p) << 16;
@@ -66,7 +65,7 @@ int NAME##_dim(const T *query, int64_t q_row_stride, int64_t q_head_stride,     
                int64_t group, const int64_t *first, int64_t end, float scale,                       \
                T *out, int64_t row_begin, int64_t row_end)                                          \
 {                                                                                                  \
-    if (dim > MAX_DIM || group > MAX_GROUP || end > capacity) return 1;                           \
+    if (dim > MAX_DIM || group < 1 || end > capacity) return 1;                           \
     float *scores = malloc(sizeof(float) * (size_t)(group * capacity));                            \
     float *q = malloc(sizeof(float) * (size_t)(group * dim));                                      \
     float *acc = malloc(sizeof(float) * (size_t)(group * dim));                                    \
