@@ -22,8 +22,6 @@ import functools
 import hashlib
 import logging
 import os
-import subprocess
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,6 +116,12 @@ class NativeDecode:
         return out
 
 
+def live_columns(first: torch.Tensor, end: int, capacity: int) -> torch.Tensor:
+    """[rows, capacity] bool: True where row r attends, on its columns [first[r], end)."""
+    cols = torch.arange(capacity, device=first.device)
+    return (cols[None, :] >= first[:, None]) & (cols[None, :] < end)
+
+
 def reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
               first: torch.Tensor, end: int, scale: float) -> torch.Tensor:
     """What `NativeDecode.attend` computes, in float64 with torch ops (for checks)."""
@@ -125,9 +129,7 @@ def reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     kv_heads, capacity = keys.shape[1], keys.shape[2]
     q = query.double().reshape(rows, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(q, keys[:rows].double().transpose(-1, -2)) * scale
-    cols = torch.arange(capacity)
-    live = (cols[None, :] >= first[:, None]) & (cols[None, :] < end)
-    scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
+    scores = scores.masked_fill(~live_columns(first, end, capacity)[:, None, None, :], float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), values[:rows].double())
     return out.reshape(rows, 1, heads, dim)
 
@@ -147,7 +149,7 @@ def _cpu_flags() -> str:
 
 
 def _build() -> Path:
-    from tryloop.sandbox.native import compiler
+    from tryloop.sandbox.native import compile_cached, compiler
 
     cc = compiler()
     if cc is None:
@@ -158,22 +160,9 @@ def _build() -> Path:
     target = out_dir / f"slot_decode-{digest}.so"
     if target.exists():
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".slot_decode-", suffix=".so")
-    os.close(fd)
-    try:
-        try:
-            proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
-                                  text=True, timeout=BUILD_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise RuntimeError(f"{cc} failed: {e}") from e
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-2000:]}")
-        os.chmod(tmp, 0o755)         # loadable by other users of a shared cache
-        os.replace(tmp, target)      # atomic: processes building at once all load a whole file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    error = compile_cached(target, [[cc, *FLAGS, str(SOURCE), "-lm"]], timeout_s=BUILD_TIMEOUT_S)
+    if error is not None:
+        raise RuntimeError(f"{cc} failed: {error.strip()[-2000:]}")
     return target
 
 

@@ -58,8 +58,7 @@ class SlotDecode:
         """The attended columns as an additive mask [rows, 1, 1, capacity], float32: 0 attended,
         -inf not (for the matmul path; built once a step, shared by the layers)."""
         keys = self.buffers[0][0]
-        cols = torch.arange(keys.shape[-2], device=keys.device)
-        live = (cols[None, :] >= self.first[:, None]) & (cols[None, :] < self.end)
+        live = native_attention.live_columns(self.first, self.end, keys.shape[-2])
         bias = torch.zeros(live.shape, dtype=torch.float32, device=keys.device)
         return bias.masked_fill_(~live, float("-inf"))[:, None, None, :]
 
