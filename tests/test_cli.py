@@ -279,3 +279,51 @@ def test_image_pip_step_installs_from_the_index_and_is_cached(runtime, tmp_path)
 
     res = asyncio.run(probe())
     assert res.ok and res.text().startswith("/opt/tryloop/site/"), res.text("stderr")
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ({"device": "cuda:99"}, "train.policy: device 'cuda:99'"),        # no such GPU, CUDA build or not
+    ({"device": "gpu"}, "train.policy.device"),
+    ({"name": "/nonexistent/checkpoint"}, "no such checkpoint directory"),
+    ({"name": "openai"}, "train.policy.name 'openai' is not a model the learner can update"),
+    ({"temperature": 0}, "train.policy.temperature is 0"),
+])
+def test_train_refuses_a_policy_it_cannot_train_before_building_anything(tmp_path, policy, expected):
+    # A first run builds its task suite for about two hours before it loads the policy: a wrong
+    # device or checkpoint must fail now, naming the field, with nothing built.
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({
+        "tasks": {"store_url": str(tmp_path / "tasks"), "work_dir": str(tmp_path / "work")},
+        "store": {"trajectories_url": str(tmp_path / "traj"), "runs_dir": str(tmp_path / "runs")},
+        "rewards": {"gate_dir": str(tmp_path / "gate")},
+        "train": {"policy": policy},
+    }))
+    res = tryloop("train", "--config", str(path))
+    assert res.returncode == 78, res.stdout + res.stderr
+    assert expected in res.stderr and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]      # nothing built or written
+
+
+def test_train_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"")
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({"tasks": {"store_url": str(tmp_path / "tasks")},
+                                    "train": {"policy": {"name": str(ckpt)}}}))
+    res = tryloop("train", "--config", str(path))
+    assert res.returncode == 78 and f"{ckpt} has no config.json" in res.stderr, res.stderr
+    assert not (tmp_path / "tasks").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--concurrency", "1,x"], "--concurrency"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--dtype", "bf16"], "--dtype"),
+    (["--threads", "0"], "--threads"),
+    (["--run-dir", "."], "no metrics.jsonl"),
+])
+def test_bench_generation_refuses_bad_arguments_before_measuring(tmp_path, args, expected):
+    res = tryloop("bench", "generation", "--quick", "--out", str(tmp_path / "out.json"), *args)
+    assert res.returncode != 0 and expected in res.stdout + res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "out.json").exists()

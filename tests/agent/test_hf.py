@@ -69,6 +69,26 @@ def test_an_unknown_name_says_what_was_tried():
         load_model("no such model!", device="cpu")
 
 
+def test_a_model_that_could_not_load_is_refused_before_any_loading(tmp_path):
+    import torch
+
+    from tryloop.agent.hf import check_loadable, resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    for device in ("cuda:99", "xpu", "gpu"):          # no such GPU (CUDA build or not), other devices
+        with pytest.raises(ModelLoadError, match="device|GPU"):
+            check_loadable("smollm2-135m", device)
+    with pytest.raises(ModelLoadError, match="no such checkpoint directory"):
+        check_loadable(str(tmp_path / "missing"), "cpu")
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        check_loadable(str(tmp_path), "cpu")
+    with pytest.raises(ModelLoadError, match="not a bundled model.*hub id"):
+        check_loadable("no such model!", "cpu")        # an id the hub would reject: no network wait
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", seed=0)
+    check_loadable(str(ckpt), "cpu")
+    check_loadable("smollm2-135m", "auto")
+
+
 @pytest.mark.slow
 def test_conversion_is_atomic_and_exact(smollm2, tmp_path):
     """Two concurrent converters into an empty cache, with a dead converter's leftovers."""

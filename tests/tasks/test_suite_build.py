@@ -107,3 +107,13 @@ def test_the_function_sources_key_follows_its_tasks():
     assert default_build_key("functions") == build_key() == build_key(seed=0)
     assert build_key(seed=1) != build_key() and build_key(per_family=2) != build_key()
     assert default_build_key("humaneval") is None
+
+
+def test_a_source_train_cannot_build_names_the_field_and_the_sources_there_are(tmp_path):
+    from tryloop.errors import TryloopError
+
+    cfg = config(tmp_path)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"source": "fucntions"})})
+    with pytest.raises(TryloopError, match=r"train.source: no train tasks of source 'fucntions'") as e:
+        ensure_suite(cfg, {"humaneval": must_not_build, "functions": must_not_build})
+    assert "(functions, humaneval)" in str(e.value)

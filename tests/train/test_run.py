@@ -165,6 +165,8 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
         urllib.request.urlopen(url[0], timeout=2)
     m = res.metrics
     assert all(x["episodes"] == 2 for x in m)
+    # What the verifier's flag policy did and why episodes were masked, counted per step.
+    assert all(sum(x["flag_actions"].values()) <= 2 and sum(x["mask_reasons"].values()) <= 2 for x in m)
     assert any(x.get("learn_optimizer_steps", 0) > 0 for x in m), m
     assert all(x.get("learn_loss") is None or abs(x["learn_loss"]) < 1e3 for x in m)
     from tryloop.store.trajectories import TrajectoryStore

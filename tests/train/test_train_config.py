@@ -91,3 +91,17 @@ def test_runs_at_other_temperatures_share_one_zone_only_when_its_temperature_is_
     assert zone_key_for(pinned, "w") == zone_key_for(base, "w") and zone_temperature_of(pinned) == 0.7
     with pytest.raises(ValueError, match="zone_temperature"):
         TrainRunConfig.model_validate({"zone_temperature": 0})
+
+
+def test_a_run_without_held_out_tasks_to_evaluate_is_warned():
+    from tryloop.train.run import no_heldout_warning
+    from tryloop.train.run_config import TrainRunConfig
+
+    zone = TrainRunConfig()
+    assert "no held-out task is in the learning zone (122 held-out of source functions)" in \
+        no_heldout_warning(zone, 122, 0) and "train.zone_k" in no_heldout_warning(zone, 122, 0)
+    assert "tasks.eval_fraction" in no_heldout_warning(zone, 0, 0)
+    assert no_heldout_warning(zone, 122, 5) is None
+    assert no_heldout_warning(TrainRunConfig(eval_tasks=0), 122, 0) is None      # asked for none
+    whole = TrainRunConfig(zone=False, source=None)
+    assert no_heldout_warning(whole, 0, 0).startswith("warning: no held-out task (0 held-out)")

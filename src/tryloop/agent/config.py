@@ -8,6 +8,9 @@ from pydantic import Field
 
 from tryloop._model import _Model
 
+#: The devices a local model runs on: auto (a GPU where torch sees one, else the CPU), cpu, cuda[:N].
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+
 
 class EpisodeLimits(_Model):
     max_turns: int = Field(12, ge=1, description="actions before the episode ends with turn_limit")
@@ -39,14 +42,15 @@ class PolicyConfig(_Model):
                                                   "after a jittered backoff or the server's Retry-After")
     token_ids: bool = Field(False, description="openai: ask the server for token ids and logprobs (vLLM's "
                                                "return_token_ids); plain OpenAI servers reject the field")
-    device: str = Field("auto", description="local model: auto | cpu | cuda")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="local model: auto | cpu | cuda | cuda:N")
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32", description="local model: the generation engine's dtype. bfloat16 is ~1.6x faster "
                                "on a CPU with AMX/AVX512-BF16 or a GPU, but its log-probabilities differ from "
                                "the float32 learner's by ~1e-2 (seen as off-policyness by the loss's ratio); "
                                "auto = bfloat16 where the device has fast bf16, else float32")
     cpu_kernels: bool = Field(True, description="local model on a CPU: decode steps attend over the KV buffers directly "
-                                                "(a C loop built with the host's compiler, torch matmuls without one) and "
+                                                "(a C loop built with the host's compiler; without one, torch matmuls for "
+                                                "bfloat16 models and transformers' own attention for float32 ones) and "
                                                 "bfloat16 models multiply by weights packed once for oneDNN (bit-identical "
-                                                "products); 1.65-1.7x faster bf16 decoding here; false: transformers' "
-                                                "own attention and matmuls")
+                                                "products); 1.65-1.86x faster bf16 decoding, 1.05-1.14x float32, at 1-32 "
+                                                "sequences here; false: transformers' own attention and matmuls")

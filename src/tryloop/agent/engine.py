@@ -4,8 +4,9 @@ Requests (`await engine.generate(prompt_ids, ...)`) go through a queue to ONE
 background thread that owns the model (torch releases the GIL inside its
 kernels, so the event loop keeps running). The thread keeps a batch of running
 sequences and, at every step boundary, lets new requests join the slots that
-finished ones left: on this CPU that is ~3.7x faster than static batches,
-whose finished rows keep occupying the batch (measured here, on the bundled model).
+finished ones left: faster than static batches, whose finished rows keep occupying
+the batch (`tryloop bench generation`: 2.4-3.1x HF generate's static batches at 16-32
+sequences of the bundled model).
 
 How the batch is laid out. All rows share one KV cache whose columns are
 right-aligned: row i's n_i cached tokens are the last n_i of L columns, the
@@ -23,9 +24,9 @@ live in [slots, heads, capacity, head_dim] buffers with margins of at least
 a decode step writes its new column in place. A finished row's slot is taken
 by the batch's last row (one row copied), a joining row is written into a free
 slot, and a shorter batch just narrows the view. The buffers are reallocated
-(the whole cache copied) only when a margin or the slots run out. The previous
-layout grew by concatenation, copying the whole cache at every decode step
-(~20% of a step at batch 16 on this CPU) and again at every join and drop.
+(the whole cache copied) only when a margin or the slots run out, where growing
+by concatenation would copy the whole cache at every decode step and again at
+every join and drop.
 
 On a CPU (`cpu_kernels`), a decode step attends to the buffers directly, each
 row to its own live columns (`slot_attention`: SDPA and torch's batched matmuls
@@ -33,8 +34,9 @@ are several times slower on the strided view), with a C loop
 (`native_attention`) where the host can build one; in bfloat16 it also
 multiplies by weights packed once for oneDNN (`packed_linear`) instead of at
 every call, the packed products being the same numbers. At 16 sequences of the
-bundled model in bfloat16 a decode step went from ~190 ms to ~95 ms here
-(`tryloop bench generation`, against the engine without them).
+bundled model in bfloat16 a decode step went from ~190 ms without them to ~85 ms
+(profiles; `tryloop bench generation`: 1.65-1.86x the tokens/s of the engine without
+them at 1-32 sequences in bfloat16, 1.05-1.14x in float32; benchmarks/README.md).
 
 Sampling is batched (`sampling.sample_batch`): one log_softmax over the batch's
 [rows, vocab] logits, and each row's draw uses only its own seeded generator,
@@ -42,7 +44,7 @@ so a request's tokens do not depend on what else is in the batch.
 
 Precision. The engine runs the model in `dtype` (default: the model's own; the
 model is cast in place, the engine owns it). bfloat16 is ~1.7x faster on a CPU
-with AMX and on GPUs, at the price of log-probabilities that differ from a
+with AMX or AVX512-BF16 and on GPUs, at the price of log-probabilities that differ from a
 float32 forward by ~1e-2 (the trainer's ratio sees that as off-policyness).
 `update_weights` casts incoming tensors (float32 from a trainer) to it.
 

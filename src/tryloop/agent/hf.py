@@ -116,9 +116,24 @@ def default_cache_dir() -> Path:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """"auto" (a GPU where torch sees one, else the CPU), "cpu" or "cuda[:N]"; a GPU that this torch
+    cannot use is a ModelLoadError now, not an assertion deep in the first tensor moved to it."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ModelLoadError(f"unknown device {str(device)!r}: use auto, cpu or cuda[:N]") from e
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ModelLoadError(f"device {str(device)!r}: torch {torch.__version__} ({build}) sees no CUDA "
+                                 "GPU here; use auto or cpu, or install a CUDA build of torch on a GPU machine")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA GPU(s) visible")
+    elif target.type != "cpu":
+        raise ModelLoadError(f"unknown device {str(device)!r}: use auto, cpu or cuda[:N]")
+    return target
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -182,6 +197,34 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, path=path,
                        weights_version=weights_version(path), device=target,
                        load_s=time.perf_counter() - t0, converted=converted)
+
+
+def check_loadable(name_or_path: str, device: str | torch.device = "auto") -> None:
+    """Fail in seconds on a model `load_model` could not load, before a caller spends hours on work
+    that needs it (a first `tryloop train` builds its task suite before loading the policy): the
+    device must exist, a bundled model's package must be installed, a local directory must be a
+    checkpoint, and anything else must resolve as a hub id (its config only)."""
+    resolve_device(device)
+    if name_or_path in BUNDLED:
+        BUNDLED[name_or_path].path()
+        return
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{local} has no config.json: not a Hugging Face checkpoint directory "
+                                 "(save one with model.save_pretrained and tokenizer.save_pretrained)")
+        return
+    if name_or_path.startswith(("/", "./", "../", "~")) or local.exists():
+        raise ModelLoadError(f"{name_or_path!r}: no such checkpoint directory")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"{name_or_path!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, "
+            f"and it does not resolve as a Hugging Face hub id (the hub needs network access, or the "
+            f"model already in the local HF cache): {e}") from e
 
 
 def resolve_model(name_or_path: str, *, cache_dir: str | Path | None = None) -> tuple[Path | None, bool]:

@@ -4,7 +4,7 @@ A decode step attends one query token per head to each row's live columns of the
 buffers. torch has no CPU kernel for that shape that runs near memory speed: its batched matmuls
 over 1-3 query rows per key/value head reached 4-7 GB/s, and a view of only the live columns is
 copied first. The C loop reads each row's live keys and values once, in float32, at ~9 GB/s on
-the bundled model's shapes (16 rows of ~550 live columns: 0.7-0.9 ms a layer against 1.7-2.5 ms
+the bundled model's shapes (16 rows of ~550 live columns: 0.67-0.83 ms a layer against 1.5-2.5 ms
 for the matmuls over the whole buffers), and is more exact than them: its scores are never
 rounded to bfloat16.
 
@@ -12,7 +12,9 @@ It is compiled with the host's C compiler for the host's CPU (`-march=native`), 
 `~/.cache/tryloop/native` by a digest of the source, the flags and the CPU's feature flags, and
 loaded with ctypes (which releases the GIL during the call). Before first use its output is
 checked against a float64 computation; if there is no compiler, the build fails or the check
-does, `kernel()` returns None, says why once in the log, and decode steps use torch's matmuls.
+does, `kernel()` returns None and says why once in the log; then a bfloat16 model's decode steps
+use torch's matmuls over the buffers (`slot_attention`) and a float32 model keeps transformers'
+own attention (SDPA).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class NativeDecode:
         # The C loop trusts every pointer and size it is given: check them all here.
         if not self.supports(query, keys, values):
             raise ValueError(f"native decode attention takes contiguous CPU keys and values of the query's "
-                             f"dtype ({', '.join(map(str, self._fns))}), one query token and heads of at "
-                             f"most {MAX_DIM}: got query {tuple(query.shape)} {query.dtype}, keys "
+                             f"dtype ({', '.join(map(str, self._fns))}), one query token and a head size of "
+                             f"at most {MAX_DIM}: got query {tuple(query.shape)} {query.dtype}, keys "
                              f"{tuple(keys.shape)} {keys.dtype}, values {tuple(values.shape)}")
         rows, heads, _, dim = query.shape
         slots, kv_heads, capacity, _ = keys.shape
@@ -199,6 +201,7 @@ def kernel() -> NativeDecode | None:
             # A cached file that does not load or compute right is not kept: the next process
             # builds it again instead of trusting it.
             path.unlink(missing_ok=True)
-        log.warning("native decode attention unavailable, decode steps use torch matmuls: %s", e)
+        log.warning("native decode attention unavailable (bfloat16 decode steps use torch matmuls, "
+                    "float32 ones transformers' SDPA): %s", e)
         return None
     return kernel

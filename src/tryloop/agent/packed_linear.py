@@ -3,11 +3,11 @@
 A decode step multiplies a few rows (one per sequence) by every weight matrix of
 the model. torch's bfloat16 `linear` on a CPU repacks the weight into oneDNN's
 blocked layout at every call, which for a few rows costs about as much as the
-multiplication: at 16 rows the bundled model's 211 matmuls took ~75 ms of a
-~190 ms decode step, the weights streaming from memory at ~3 GB/s. Packed once,
-the same products take less than half of that (measured here on a Zen 4 CPU with
-AVX512-BF16), and they are bit for bit the same numbers: `pack` checks that on
-a probe and packs nothing if they differ.
+multiplication: at 16 rows the bundled model's 211 matmuls took ~82 ms of a
+~190 ms decode step, the weights streaming from memory at ~2.7 GB/s. Packed once,
+they stream at ~5.9 GB/s and the step's matmuls take ~36 ms (an AMD EPYC CPU with
+AVX512-BF16, benchmarks/README.md). The products are bit for bit the same
+numbers: `pack` checks that on a probe and packs nothing if they differ.
 
 Scope. The packed copies serve only forwards run on the thread that holds
 `PackedLinears.active()` (the engine's worker); any other caller of the same

@@ -19,7 +19,7 @@ Here the step attends to the buffers directly, each row to its own live columns
   are, which are contiguous, with an additive mask (`SlotDecode.bias`) that is 0
   on each row's own columns and -inf everywhere else: the margins of spare
   columns (zeros or earlier rows' keys, always finite) cost reading them, but
-  plain matmuls on contiguous operands are ~2-4x faster than the view's. The
+  plain matmuls on contiguous operands are faster than the view's. The
   scores come out of the matmul in the model's dtype (torch has no CPU bfloat16
   matmul with a float32 output; SDPA keeps them in float32), then the mask and
   the softmax are applied in float32.
@@ -100,8 +100,9 @@ def register() -> None:
 
 #: The dtypes whose decode steps the torch-matmul path makes faster on a CPU. float32 is not among
 #: them: its strided batched matmul is as fast as a contiguous one, and reading the buffers' margins
-#: made decoding 0.94-1.06x as fast (`tryloop bench generation`). The native kernel pays in both
-#: (`native_attention.DTYPES`; float32 decoding 1.28x as fast at 16 rows).
+#: made decoding no faster (`tryloop bench generation`). The native kernel pays in both
+#: (`native_attention.DTYPES`; float32 decoding 1.05-1.14x as fast at 1-32 rows,
+#: benchmarks/README.md).
 SLOT_ATTENTION_DTYPES = (torch.bfloat16,)
 
 

@@ -304,9 +304,13 @@ def run(*, quick: bool = False, dtypes: tuple[str, ...] | None = None,
     from tryloop.agent.hf import BUNDLED, load_model
 
     console = console or Console()
-    if llama_server is not None:        # a wrong path fails now, not after the engine's rows are measured
+    # Wrong paths fail now, not after the engine's rows are measured.
+    if llama_server is not None:
         from tryloop.bench.llamacpp import check_binary
         check_binary(llama_server)
+    if run_dir is not None and not (Path(run_dir) / "metrics.jsonl").is_file():
+        from tryloop.errors import TryloopError
+        raise TryloopError(f"--run-dir {run_dir}: no metrics.jsonl there (not a train run's directory)")
     t_start = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)

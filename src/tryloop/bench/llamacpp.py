@@ -1,7 +1,7 @@
 """llama.cpp's server as a second generation engine, measured on the generation benchmark's workload.
 
-The issue of a fast sampler is whether another engine reaches what this machine can do; llama.cpp's
-`llama-server` is the obvious candidate on a CPU: C++ decode loops, continuous batching over
+Another engine could be the faster sampler on this machine; llama.cpp's `llama-server` is the
+obvious candidate on a CPU: C++ decode loops, continuous batching over
 `--parallel` slots, quantized weights read straight from the GGUF that ships with the bundled model.
 This module starts one server per concurrency level (slots = c, one context of c x the longest
 request), sends the same token-id prompts with the same lengths at T=1 with every truncation off

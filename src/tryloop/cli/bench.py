@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,11 @@ import typer
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 
 app = typer.Typer(help="Benchmarks (see benchmarks/README.md).", no_args_is_help=True)
+
+
+class GenerationDtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
 
 
 @app.command("sandbox")
@@ -135,10 +141,11 @@ def generation_bench(
     out: Annotated[Path | None, typer.Option("--out", help="write results as JSON here")] = None,
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="also print the wall-time split of a train run's steps (DIR/metrics.jsonl)")] = None,
-    dtype: Annotated[list[str] | None, typer.Option(
+    dtype: Annotated[list[GenerationDtype] | None, typer.Option(
         "--dtype", help="float32 / bfloat16 (repeatable; default: both where bf16 is fast)")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="comma-separated levels")] = "1,8,16,32",
-    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's)")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1,
+                                                help="torch CPU threads (default: torch's)")] = None,
     llama_server: Annotated[Path | None, typer.Option(
         "--llama-server", help="also run llama.cpp's `llama-server` binary at this path on the same requests "
                                "(the bundled GGUF, --threads threads)")] = None,
@@ -146,8 +153,15 @@ def generation_bench(
     """Local engine tokens/s at 1-32 concurrent sequences vs HF generate and a FLOP floor."""
     from tryloop.bench.generation import run
 
-    levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-    run_cli(run, quick=quick, dtypes=tuple(dtype) if dtype else None, concurrency=levels, threads=threads,
+    try:
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter(f"{concurrency!r}: comma-separated numbers of sequences, each at least 1 "
+                                 "(e.g. 1,8,16,32)", param_hint="--concurrency")
+    run_cli(run, quick=quick, dtypes=tuple(d.value for d in dtype) if dtype else None, concurrency=levels,
+            threads=threads,
             run_dir=run_dir, llama_server=llama_server, out=out, console=console)
 
 

@@ -36,16 +36,21 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
 
     builders = builders or {"functions": build_functions, "humaneval": build_humaneval}
     store = TaskStore(cfg.tasks.store_url)
-    needed = [(cfg.train.source, "train")] + ([(cfg.train.check_source, "eval")] if cfg.train.check_source else [])
-    for source, split in needed:
+    needed = [(cfg.train.source, "train", "train.source")] + (
+        [(cfg.train.check_source, "eval", "train.check_source")] if cfg.train.check_source else [])
+    for source, split, field in needed:
         state = store.build_state(source) if source else None
         key = keys.get(source) if keys is not None else default_build_key(source or "", cfg.tasks.seed)
         current = state == "done" and (key is None or store.build_key(source) == key)
         if current or (state is None and store.query(split=split, source=source)):
             continue
         if source not in builders:
-            raise TryloopError(f"no {split} tasks{f' of source {source}' if source else ''} in "
-                               f"{cfg.tasks.store_url}: build them with `tryloop tasks build-default`")
+            known = sorted(set(builders) | {e.meta.source for e in store.entries() if e.meta.source})
+            raise TryloopError(f"{field}: no {split} tasks{f' of source {source!r}' if source else ''} in "
+                               f"{cfg.tasks.store_url}, and tryloop train builds only "
+                               f"{' and '.join(sorted(builders))} itself: build them with `tryloop tasks "
+                               f"build ...`, or choose a source the store has or train builds "
+                               f"({', '.join(known)})")
         skip = store.decided_ids(source) if state else set()
         if state == "started" and skip:
             console.print(f"resuming the interrupted build of the {source} tasks: {len(skip)} already decided")

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from tryloop._model import _Model
-from tryloop.agent.config import EpisodeLimits
+from tryloop.agent.config import DEVICE_PATTERN, EpisodeLimits
 
 
 class ServeEnvConfig(_Model):
@@ -51,16 +51,17 @@ class ServeModelConfig(_Model):
                                                                     "`model`); null: the model's name")
     host: str = Field("127.0.0.1", description="address to bind (0.0.0.0: every interface)")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port, reported at start)")
-    device: str = Field("auto", description="auto | cpu | cuda")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto | cpu | cuda | cuda:N")
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32", description="the engine's dtype; float32 gives the log-probabilities a float32 learner "
                                "recomputes, bfloat16 is faster (auto: bfloat16 where the device has fast bf16)")
     max_batch: int = Field(16, ge=1, description="sequences decoded together (continuous batching)")
     cpu_kernels: bool = Field(True, description="on a CPU: decode steps attend over the KV buffers directly "
-                                                "(a C loop built with the host's compiler, torch matmuls without one) and "
+                                                "(a C loop built with the host's compiler; without one, torch matmuls for "
+                                                "bfloat16 models and transformers' own attention for float32 ones) and "
                                                 "bfloat16 models multiply by weights packed once for oneDNN (bit-identical "
-                                                "products); 1.65-1.7x faster bf16 decoding here; false: transformers' "
-                                                "own attention and matmuls")
+                                                "products); 1.65-1.86x faster bf16 decoding, 1.05-1.14x float32, at 1-32 "
+                                                "sequences here; false: transformers' own attention and matmuls")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null: torch's default")
     logprobs_mode: Literal["raw", "processed"] = Field(
         "raw", description="raw: log-probabilities of the policy at temperature 1 (as vLLM's default); "

@@ -7,7 +7,8 @@ a few dozen megabytes (activations, gradients, recomputed layers) in an order th
 one micro-batch to the next, so those blocks land in the heap and fragment it: the second update
 of a 135M model peaked about a gigabyte above the first, with the same tensors alive.
 `lean_heap` pins the threshold low for the update, so every large tensor is its own mapping and
-goes back to the OS when freed. Generation keeps the default (its blocks are reused as they are).
+goes back to the OS when freed. Generation alone keeps the default (its blocks are reused as they
+are); with `train.overlap` the next step's rollouts run under the update's threshold too.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def release() -> None:
 def lean_heap(threshold: int = LEAN_THRESHOLD) -> Iterator[None]:
     """Within the block, blocks of `threshold` bytes and up are mmapped, so freeing them returns
     their memory at once. The process-wide setting is changed: run nothing else that allocates
-    heavily meanwhile (the train loop runs the update alone)."""
+    heavily meanwhile (without train.overlap the train loop runs the update alone; with it the next
+    step's rollouts run beside the update and their allocations fall under the same threshold)."""
     libc = _libc()
     if libc is None:
         yield

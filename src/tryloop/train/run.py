@@ -38,7 +38,7 @@ from tryloop.agent.episode import EpisodeRequest, run_episode
 from tryloop.agent.policy import sampling_temperature
 from tryloop.agent.trajectory import Trajectory
 from tryloop.config import TryloopConfig
-from tryloop.errors import TryloopError
+from tryloop.errors import ConfigError, TryloopError
 from tryloop.eval.config import EvalConfig
 from tryloop.eval.run import evaluate
 from tryloop.eval.runner import EpisodeRunner
@@ -230,7 +230,8 @@ def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any]
         "no_verdict": sum(t.verdict == "no_verdict" for t in trajs),
         "groups": adv.report.groups, "groups_dropped": adv.report.dropped_groups,
         "groups_mixed": adv.report.groups - adv.report.dropped_groups, "refills": refills,
-        "masked": adv.report.masked, "flags": flags,
+        "masked": adv.report.masked, "mask_reasons": dict(adv.report.mask_reasons), "flags": flags,
+        "flag_actions": dict(adv.report.flag_actions),
         "completion_tokens": sum(t.completion_tokens for t in trajs),
         "time_generation_s": sum(t.times.get("model", 0.0) for t in trajs),
         "time_environment_s": sum(t.times.get("env", 0.0) for t in trajs),
@@ -244,7 +245,7 @@ def _step_metrics(step: int, trajs: list[Trajectory], adv, learn: dict[str, Any]
 
 def _eval_row(step: int, name: str, run_id: str, k: int, temperature: float, s,
               trajectories: list[Trajectory]) -> dict[str, Any]:
-    """One evaluations.jsonl row: the eval set's pass@1 with its interval and per-task counts."""
+    """One evals.jsonl row: the eval set's pass@1 with its interval and per-task counts."""
     per_task = {task_id: [c, n] for task_id, (n, c) in pass_counts(trajectories).items()}
     return {"step": step, "name": name, "run_id": run_id, "k": k, "temperature": temperature,
             "pass_at_1": s.pass_at_1.value if s.pass_at_1 else None,
@@ -258,9 +259,28 @@ def check_name(tcfg: TrainRunConfig) -> str:
     return tcfg.check_source or "check"
 
 
+def no_heldout_warning(tcfg: TrainRunConfig, n_heldout: int, n_evaluated: int) -> str | None:
+    """What to tell a run that has held-out evaluations on (train.eval_tasks is not 0) but no
+    held-out task to evaluate: it would train without showing learning on unseen tasks."""
+    if n_evaluated or tcfg.eval_tasks == 0:
+        return None
+    where = " is in the learning zone" if tcfg.zone else ""
+    source = f" of source {tcfg.source}" if tcfg.source else ""
+    fix = ("widen train.zone_lo/zone_hi, raise train.zone_k, or build more held-out tasks"
+           if tcfg.zone and n_heldout else "build held-out tasks (tasks.eval_fraction)")
+    return (f"warning: no held-out task{where} ({n_heldout} held-out{source}): the run trains, but without "
+            f"a held-out evaluation it cannot show learning on unseen tasks; {fix}")
+
+
 def check_start(cfg: TryloopConfig, tcfg: TrainRunConfig, resume: bool) -> Path | None:
-    """Refuse a start that would mix runs, before anything is built or written; return the latest
-    checkpoint of `tcfg.run_id` (None: it starts from step 0)."""
+    """Refuse a start that would mix runs or whose policy cannot load, before anything is built or
+    written; return the latest checkpoint of `tcfg.run_id` (None: it starts from step 0)."""
+    from tryloop.agent.hf import ModelLoadError, check_loadable
+
+    try:
+        check_loadable(tcfg.policy.name, tcfg.policy.device)
+    except ModelLoadError as e:
+        raise ConfigError(f"train.policy: {e}") from None
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
     ckpt = checkpoint.latest(run_dir)
     if ckpt is not None and not resume:
@@ -391,6 +411,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             emit("zone_done", {"rows": rows, "train": len(train_tasks), "eval": len(eval_tasks)})
             if not train_tasks:
                 raise TryloopError(no_zone_message(train_all, counts, band, tcfg.policy.name))
+        warning = no_heldout_warning(tcfg, len(eval_all), len(eval_tasks))
+        if warning:
+            emit("log", {"message": warning})
         if tcfg.eval_tasks is not None:
             eval_tasks = eval_tasks[: tcfg.eval_tasks]
         by_fp = {t.fingerprint(): t for t in train_tasks}
@@ -573,7 +596,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                 await asyncio.sleep(0)   # let it submit its episodes before the update takes the cores
             t0 = time.perf_counter()
             rollout_s = info["rollout_s"]
-            torch.set_num_threads(all_threads)      # nothing else runs during the update
+            # Every core to the update: without train.overlap nothing else runs during it (with
+            # overlap the next step's rollouts share the cores).
+            torch.set_num_threads(all_threads)
             # The update makes the engine's cached prefixes and weights stale: free both before it
             # (the engine gets its weights back from the learner after it), not after — unless the
             # next step's rollout is sampling from it right now.

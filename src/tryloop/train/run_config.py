@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from tryloop._model import _Model
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
+from tryloop.agent.policies import SCRIPTED
 from tryloop.train.config import TrainConfig
 
 
@@ -122,13 +123,22 @@ class TrainRunConfig(_Model):
     @model_validator(mode="after")
     def _sampling_matches_update(self) -> TrainRunConfig:
         a, p = self.algo, self.policy
+        if p.name == "openai" or p.name in SCRIPTED or p.name.startswith("hacker:"):
+            raise ValueError(
+                f"train.policy.name {p.name!r} is not a model the learner can update: train a local model "
+                "(a bundled name such as smollm2-135m, or a Hugging Face checkpoint directory); model "
+                "servers can sample for it (train.sampler.endpoints)")
+        if p.temperature == 0:
+            raise ValueError("train.policy.temperature is 0 (greedy): every answer of a group would be the "
+                             "same, so no group has a signal to learn from; sample at a temperature > 0 "
+                             "(the default is 0.7)")
         if a.old_logprobs == "sampler" and (p.temperature != 1.0 or p.top_p < 1.0):
             raise ValueError(
                 "train.algo.old_logprobs 'sampler' uses the log-probabilities of the temperature-1 policy "
                 f"over the full vocabulary, but train.policy samples at temperature {p.temperature} with "
                 f"top_p {p.top_p}: the ratio would compare two different distributions. Use "
                 "train.algo.old_logprobs: recompute, or sample at temperature 1 with top_p 1")
-        if p.temperature > 0 and a.temperature != p.temperature:
+        if a.temperature != p.temperature:
             raise ValueError(f"train.algo.temperature ({a.temperature}) must equal train.policy.temperature "
                              f"({p.temperature}): the update must score tokens under the distribution "
                              "they were sampled from")

@@ -26,6 +26,7 @@ from torch import nn
 
 from tryloop.agent.hf import bf16_supported
 from tryloop.agent.trajectory import Trajectory
+from tryloop.errors import ConfigError
 from tryloop.train import shared_prefix
 from tryloop.train.batch import Batch, collate
 from tryloop.train.config import TrainConfig
@@ -192,10 +193,10 @@ class Learner:
         from tryloop.train.losses import entropy
 
         hidden, head = self._hidden(model, batch)
-        h = hidden[batch.loss_mask > 0].float()
+        h = hidden[batch.loss_mask > 0]
         total = 0.0
         for i in range(0, h.shape[0], LOGIT_CHUNK):
-            logits = torch.nn.functional.linear(h[i:i + LOGIT_CHUNK], head.weight.float())
+            logits = _chunk_logits(h[i:i + LOGIT_CHUNK], head.weight, getattr(head, "bias", None))
             total += float(entropy(logits / self.config.temperature).sum())
         return total / max(h.shape[0], 1)
 
@@ -449,8 +450,8 @@ def _checkpoint_layers(model: nn.Module, enable: bool) -> None:
             base.activation_checkpointing_disable() if new_names else base.gradient_checkpointing_disable()
         return
     if not getattr(base, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{type(base).__name__} does not support activation checkpointing; "
-                         "set algo.activation_checkpointing: false")
+        raise ConfigError(f"train.algo.activation_checkpointing: {type(base).__name__} does not support "
+                          "activation checkpointing; set it to false")
     kwargs = {"use_reentrant": False}
     if new_names:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
