@@ -304,7 +304,9 @@ def test_train_refuses_a_policy_it_cannot_train_before_building_anything(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]      # nothing built or written
 
 
-def test_train_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
+def test_train_refuses_a_checkpoint_it_cannot_load_or_batch(tmp_path):
+    from transformers import MistralConfig
+
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"")
@@ -313,6 +315,11 @@ def test_train_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
                                     "train": {"policy": {"name": str(ckpt)}}}))
     res = tryloop("train", "--config", str(path))
     assert res.returncode == 78 and f"{ckpt} has no config.json" in res.stderr, res.stderr
+    # A sliding-window model: the in-process engine batches full-attention caches only.
+    MistralConfig(sliding_window=64, num_hidden_layers=2, architectures=["MistralForCausalLM"]).save_pretrained(ckpt)
+    res = tryloop("train", "--config", str(path))
+    assert res.returncode == 78 and "MistralForCausalLM: the engine supports only" in res.stderr, res.stderr
+    assert "train.sampler.endpoints" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "tasks").exists()
 
 

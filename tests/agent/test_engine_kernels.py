@@ -320,3 +320,62 @@ def test_the_kernels_are_a_policy_setting(smollm2):
                 kernels and dtype == "bfloat16" and packing_exact(torch.bfloat16, 2))
         finally:
             policy.engine.close()
+
+
+# Small random models of other architectures that a Hugging Face checkpoint directory may hold:
+# their own attention modules (fused projections, q/k norms, no rotary, scaled embeddings) all
+# go through the engine's slot attention.
+ARCHITECTURES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512,
+                                               "bos_token_id": 0, "eos_token_id": 0}),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+async def test_engine_decodes_other_architectures_like_their_own_generate(arch, smollm2, prompts, decode_path,
+                                                                          monkeypatch):
+    import transformers
+
+    import tryloop.agent.slot_attention as slot_attention
+
+    monkeypatch.setattr(slot_attention, "SLOT_ATTENTION_DTYPES", (torch.float32,))   # the matmul path too
+
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    shape = {} if arch == "gpt2" else {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                       "num_attention_heads": 4, "num_key_value_heads": 2,
+                                       "max_position_embeddings": 512}
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(
+        vocab_size=smollm2.model.config.vocab_size, **shape, **extra)).eval()
+    expected = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+        expected.append(out[0, len(p):].tolist())
+    async with Engine(model, smollm2.tokenizer, max_batch=4, kv_block=4, cpu_kernels=True) as eng:
+        assert eng._slot_attention
+        got = await asyncio.gather(*[eng.generate(p, max_new_tokens=8, temperature=0, stop_token_ids=[])
+                                     for p in prompts])
+    assert [s.token_ids for s in got] == expected
+    with torch.no_grad():                       # and the log-probabilities of a full forward
+        for p, s in zip(prompts, got, strict=True):
+            ids = torch.tensor([p + s.token_ids])
+            lp = torch.log_softmax(model(ids).logits[0, len(p) - 1:-1].double(), -1)
+            full = lp.gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+            assert max(abs(a - b) for a, b in zip(s.policy_logprobs, full.tolist(), strict=True)) < 1e-4
+
+
+def test_engine_refuses_sliding_window_caches(smollm2):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tryloop.agent.engine import EngineError
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                             sliding_window=8, architectures=["MistralForCausalLM"]))
+    with pytest.raises(EngineError, match="MistralForCausalLM: the engine supports only models whose every layer"):
+        Engine(model, smollm2.tokenizer, max_batch=2)

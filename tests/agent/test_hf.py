@@ -85,8 +85,11 @@ def test_a_model_that_could_not_load_is_refused_before_any_loading(tmp_path):
     with pytest.raises(ModelLoadError, match="not a bundled model.*hub id"):
         check_loadable("no such model!", "cpu")        # an id the hub would reject: no network wait
     ckpt = tiny_checkpoint(tmp_path / "ckpt", seed=0)
-    check_loadable(str(ckpt), "cpu")
-    check_loadable("smollm2-135m", "auto")
+    assert check_loadable(str(ckpt), "cpu").model_type == "llama"
+    assert check_loadable("smollm2-135m", "auto") is None
+    (ckpt / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not a config transformers can read"):
+        check_loadable(str(ckpt), "cpu")
 
 
 @pytest.mark.slow

@@ -250,7 +250,7 @@ class Engine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = cache_kwarg(model)
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else "num_logits_to_keep"
-        _check_cache_layout(model)
+        check_cache_layout(model.config)
         self._slot_attention = cpu_kernels and use_slot_attention(model, self.device)
         self._packed = pack_linears(model, max_batch) if cpu_kernels else None
         self._weights_version = weights_version
@@ -692,13 +692,16 @@ def full_attention_cache(config: Any) -> bool | None:
     return all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _check_cache_layout(model: Any) -> None:
-    full = full_attention_cache(model.config)
+def check_cache_layout(config: Any) -> None:
+    """Refuse a model the engine cannot batch: right-aligned batching assumes every layer keeps all
+    its columns (no sliding windows). Needs only the config, so a run can check before loading."""
+    full = full_attention_cache(config)
     if full is None:
         raise EngineError("the engine needs transformers >= 4.56 (DynamicCache with layers)")
-    # Right-aligned batching assumes every layer keeps all its columns: no sliding windows.
     if not full:
-        raise EngineError(f"{type(model).__name__}: only full-attention KV caches are supported")
+        arch = ", ".join(getattr(config, "architectures", None) or [type(config).__name__])
+        raise EngineError(f"{arch}: the engine supports only models whose every layer keeps a full-attention "
+                          "KV cache (this one has sliding-window or other cache layers)")
 
 
 class _SlotLayer(DynamicLayer):

@@ -199,27 +199,31 @@ def load_model(
                        load_s=time.perf_counter() - t0, converted=converted)
 
 
-def check_loadable(name_or_path: str, device: str | torch.device = "auto") -> None:
+def check_loadable(name_or_path: str, device: str | torch.device = "auto") -> Any:
     """Fail in seconds on a model `load_model` could not load, before a caller spends hours on work
     that needs it (a first `tryloop train` builds its task suite before loading the policy): the
     device must exist, a bundled model's package must be installed, a local directory must be a
-    checkpoint, and anything else must resolve as a hub id (its config only)."""
+    checkpoint, and anything else must resolve as a hub id (its config only). Returns the model's
+    transformers config (None for a bundled model, whose conversion is what takes time)."""
     resolve_device(device)
     if name_or_path in BUNDLED:
         BUNDLED[name_or_path].path()
-        return
+        return None
+    from transformers import AutoConfig
+
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ModelLoadError(f"{local} has no config.json: not a Hugging Face checkpoint directory "
                                  "(save one with model.save_pretrained and tokenizer.save_pretrained)")
-        return
+        try:
+            return AutoConfig.from_pretrained(local, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{local / 'config.json'}: not a config transformers can read: {e}") from e
     if name_or_path.startswith(("/", "./", "../", "~")) or local.exists():
         raise ModelLoadError(f"{name_or_path!r}: no such checkpoint directory")
-    from transformers import AutoConfig
-
     try:
-        AutoConfig.from_pretrained(name_or_path)
+        return AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(
             f"{name_or_path!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, "

@@ -275,10 +275,17 @@ def no_heldout_warning(tcfg: TrainRunConfig, n_heldout: int, n_evaluated: int) -
 def check_start(cfg: TryloopConfig, tcfg: TrainRunConfig, resume: bool) -> Path | None:
     """Refuse a start that would mix runs or whose policy cannot load, before anything is built or
     written; return the latest checkpoint of `tcfg.run_id` (None: it starts from step 0)."""
+    from tryloop.agent.engine import EngineError, check_cache_layout
     from tryloop.agent.hf import ModelLoadError, check_loadable
 
     try:
-        check_loadable(tcfg.policy.name, tcfg.policy.device)
+        config = check_loadable(tcfg.policy.name, tcfg.policy.device)
+        if config is not None and not tcfg.sampler.endpoints:      # sampled by the in-process engine
+            check_cache_layout(config)
+    except EngineError as e:
+        raise ConfigError(f"train.policy.name: {e}; sample it with model servers that support it "
+                          "(train.sampler.endpoints, kind vllm or sglang) instead of the in-process "
+                          "engine") from None
     except ModelLoadError as e:
         raise ConfigError(f"train.policy: {e}") from None
     run_dir = Path(cfg.store.runs_dir) / tcfg.run_id
