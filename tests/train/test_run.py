@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from host import CGROUP_PARENT
@@ -209,6 +210,39 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
         assert not res.run_dir.exists()
     finally:
         gone.rename(res.run_dir)
+
+
+def test_a_run_trains_a_hugging_face_checkpoint_directory(train_root, smollm2, tmp_path):
+    """train.policy.name a checkpoint directory of another architecture (a small GPT-2 with the
+    bundled tokenizer): the same config runs, samples it with the engine and updates its weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tryloop.train.run import train
+
+    tok = smollm2.tokenizer
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=smollm2.model.config.vocab_size, n_embd=32, n_layer=2, n_head=2,
+                                       n_positions=1024, bos_token_id=tok.eos_token_id,
+                                       eos_token_id=tok.eos_token_id))
+    # A fixed next-token distribution with end-of-sequence at ~10 %: answers of many lengths, so the
+    # length shaping gives every group a spread (random weights would never stop before the cap).
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(torch.nn.functional.one_hot(torch.tensor(0), 32).float())
+        model.transformer.wte.weight[:, 0] = 0.0
+        model.transformer.wte.weight[tok.eos_token_id, 0] = 8.5
+    ckpt = tmp_path / "gpt2-tiny"
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    cfg = load_yaml(write_config(train_root, run_id="hf-dir", steps=1, concurrency=2, group_size=4, limits=SHORT,
+                                 policy={"name": str(ckpt), "temperature": 1.0, "max_batch": 4, "dtype": "float32"}))
+    res = asyncio.run(train(cfg, cfg.train))
+    assert res.steps_done == 1 and res.metrics[0]["episodes"] == 4
+    assert res.metrics[0].get("learn_optimizer_steps", 0) > 0, res.metrics
+    state = torch.load(checkpoint.latest(res.run_dir) / "learner.pt", weights_only=False)["model"]
+    before = GPT2LMHeadModel.from_pretrained(ckpt).state_dict()
+    assert state["transformer.wte.weight"].shape == before["transformer.wte.weight"].shape
+    assert not torch.equal(state["transformer.ln_f.bias"].float(), before["transformer.ln_f.bias"])   # updated
 
 
 @pytest.mark.slow   # three runs, one of two steps: ~2.5 min on 2 shared cores
