@@ -165,15 +165,21 @@ def _bf16(smollm2):
 
 def test_packed_linears_are_the_same_numbers_on_the_thread_that_uses_them(smollm2):
     model = _bf16(smollm2)
+    if not packing_exact(torch.bfloat16, 4):
+        # A CPU without oneDNN's bf16 kernels (AVX2 only): nothing is packed, the model is untouched.
+        with pytest.raises(ValueError, match="no packed torch.bfloat16 matmul"):
+            PackedLinears(model, rows=4)
+        assert pack(model, 4) is None and not any("forward" in m.__dict__ for m in model.modules())
+        return
     ids = torch.tensor([smollm2.tokenizer.encode("def add(a, b):\n    return")])
     with torch.inference_mode():
         plain = model(ids).logits
-    packed = PackedLinears(model, rows=4)            # the exactness gate of `pack` is tested below
+    packed = PackedLinears(model, rows=4)
     packed.refresh()
     lin = model.model.layers[0].mlp.up_proj
     with torch.inference_mode():
         with packed.active():
-            assert torch.equal(model(ids).logits, plain) == packing_exact(torch.bfloat16, 4)
+            assert torch.equal(model(ids).logits, plain)
             # Weights changed in place: the active thread keeps the packed copy until a refresh.
             x = torch.randn(3, 1, lin.in_features).to(torch.bfloat16)
             old = lin(x)

@@ -142,11 +142,11 @@ def test_bounded_onednn_caches_keep_many_matmul_shapes_from_growing_the_process(
 
     from tryloop.agent.hf import ONEDNN_CACHE_ENV, bf16_supported
 
-    if not bf16_supported("cpu"):
-        pytest.skip("this CPU has no bf16 matmuls: oneDNN's bf16 kernels are not used")
     env = {k: v for k, v in os.environ.items() if k not in ONEDNN_CACHE_ENV}
     growth = {mode: float(subprocess.run([sys.executable, "-c", _MANY_SHAPES, mode], env=env, check=True,
                                          capture_output=True, text=True).stdout.split()[-1])
               for mode in ("default", "bounded")}
-    assert growth["default"] > 150                 # the library's own caches: 1-2 MB a shape (276-600 MB seen)
-    assert growth["bounded"] < growth["default"] / 4
+    assert growth["bounded"] < 100                 # a few shapes' primitives at most
+    if bf16_supported("cpu"):                      # bf16 matmuls through oneDNN, which caches per shape
+        assert growth["default"] > 150             # the library's own caches: 1-2 MB a shape (276-600 MB seen)
+        assert growth["bounded"] < growth["default"] / 4

@@ -68,6 +68,10 @@ class PackedLinears:
     """Every `nn.Linear` of a model, with a packed copy of its weight used in `active()` forwards."""
 
     def __init__(self, model: nn.Module, rows: int) -> None:
+        dtype = next(model.parameters()).dtype
+        if not packing_exact(dtype, rows):
+            raise ValueError(f"this torch and CPU have no packed {dtype} matmul that is exactly `linear` "
+                             "(oneDNN's kernels for it): `pack` leaves such a model unpacked")
         self.rows = rows
         # Plain nn.Linear only: a subclass (quantized, LoRA) computes something else.
         self.modules = [m for m in model.modules() if type(m) is nn.Linear]
@@ -121,10 +125,13 @@ def pack(model: nn.Module, rows: int) -> PackedLinears | None:
     for a model another `PackedLinears` holds (a second engine on the same model object): its
     copies would not follow weights the first one loads."""
     params = next(model.parameters())
-    if params.device.type != "cpu" or params.dtype != torch.bfloat16 or not packing_exact(params.dtype, rows):
+    if params.device.type != "cpu" or params.dtype != torch.bfloat16:
         return None
     if any("forward" in m.__dict__ for m in model.modules() if type(m) is nn.Linear):
         return None
-    packed = PackedLinears(model, rows)
+    try:
+        packed = PackedLinears(model, rows)
+    except ValueError:                         # no exact packed matmul on this CPU
+        return None
     packed.refresh()
     return packed
