@@ -225,10 +225,14 @@ def check_loadable(name_or_path: str, device: str | torch.device = "auto") -> An
     try:
         return AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(
-            f"{name_or_path!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, "
-            f"and it does not resolve as a Hugging Face hub id (the hub needs network access, or the "
-            f"model already in the local HF cache): {e}") from e
+        raise _not_on_the_hub(name_or_path, e) from e
+
+
+def _not_on_the_hub(name: str, e: Exception) -> ModelLoadError:
+    return ModelLoadError(
+        f"{name!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, and "
+        f"loading it as a Hugging Face hub id failed (the hub needs network access, or the model already "
+        f"in the local HF cache): {e}")
 
 
 def resolve_model(name_or_path: str, *, cache_dir: str | Path | None = None) -> tuple[Path | None, bool]:
@@ -259,10 +263,7 @@ def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype, t0: floa
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(
-            f"{name!r} is not a bundled model ({', '.join(sorted(BUNDLED))}) nor a local directory, "
-            f"and loading it as a Hugging Face hub id failed (the hub needs network access, "
-            f"or the model already in the local HF cache): {e}") from e
+        raise _not_on_the_hub(name, e) from e
     revision = getattr(model.config, "_commit_hash", None) or "unknown"
     return LoadedModel(model=model.to(device).eval(), tokenizer=tokenizer, name=name, path=None,
                        weights_version=f"hub:{name}@{revision}", device=device,
