@@ -446,6 +446,45 @@ async def test_a_fork_whose_caller_stopped_waiting_still_counts(sb):
         assert again.read_file("one.txt") == b"1" and again.read_file("two.txt") == b"2"
 
 
+async def test_a_fork_cancelled_as_its_children_start_leaves_none_open(sb, monkeypatch):
+    """A cancellation can land after a child has started but before the fork returns it:
+    the children already started are closed, not left running with nobody holding them."""
+    real_create = sb.runtime.create
+    fork: asyncio.Future | None = None
+
+    async def create_then_cancel(*args, **kwargs):
+        child = await real_create(*args, **kwargs)
+        asyncio.get_running_loop().call_soon(fork.cancel)  # from outside, as the child's start ends
+        return child
+
+    monkeypatch.setattr(sb.runtime, "create", create_then_cancel)
+    before = {s.id for s in sb.runtime.live}
+    fork = asyncio.ensure_future(sb.fork(2))
+    with pytest.raises(asyncio.CancelledError):
+        await fork
+    assert {s.id for s in sb.runtime.live} == before
+
+
+async def test_a_fork_whose_second_child_fails_closes_the_first(sb, monkeypatch):
+    from tryloop.errors import SandboxError
+
+    real_create = sb.runtime.create
+    calls = 0
+
+    async def second_fails(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise SandboxError("no room for a second child")
+        return await real_create(*args, **kwargs)
+
+    monkeypatch.setattr(sb.runtime, "create", second_fails)
+    before = {s.id for s in sb.runtime.live}
+    with pytest.raises(SandboxError, match="no room"):
+        await sb.fork(2)
+    assert {s.id for s in sb.runtime.live} == before and calls == 2
+
+
 async def test_a_layer_number_from_before_a_reset_is_refused(sb, monkeypatch):
     """After a reset the init's layer numbers start again: a number the host held from before
     (a race the host's own check cannot see) names another layer, and the init refuses it."""

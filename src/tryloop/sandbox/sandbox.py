@@ -19,10 +19,10 @@ import signal as _signal
 import socket
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tryloop.config import SandboxConfig
 from tryloop.errors import SandboxClosed, SandboxError
@@ -632,19 +632,14 @@ class Sandbox:
         base = self.snapshot
         for layer in reversed(live[lent:]):
             base = base.child(self._store_live(layer, persist=False))
-        kids = await asyncio.gather(*(self.runtime.create(base, self.config, live=live[:lent]) for _ in range(n)),
-                                    return_exceptions=True)
-        failed = next((k for k in kids if isinstance(k, BaseException)), None)
-        if failed is None:
-            return list(kids)  # type: ignore[arg-type]
-        await asyncio.gather(*(k.close() for k in kids if isinstance(k, Sandbox)))
-        if not isinstance(failed, LayerGone):
-            raise failed
-        return await self._fork_by_copy(n)  # an owner reset or closed meanwhile
+        try:
+            return await _start_all([self.runtime.create(base, self.config, live=live[:lent]) for _ in range(n)])
+        except LayerGone:  # an owner reset or closed meanwhile
+            return await self._fork_by_copy(n)
 
     async def _fork_by_copy(self, n: int) -> list[Sandbox]:
         snap = await self.snapshot_state({"forked_from": self.id})
-        return list(await asyncio.gather(*(self.runtime.create(snap, self.config) for _ in range(n))))
+        return await _start_all([self.runtime.create(snap, self.config) for _ in range(n)])
 
     def _live_stack(self) -> tuple[LiveLayer, ...]:
         """The frozen layers over `snapshot` now, top-most first."""
@@ -795,3 +790,31 @@ class _FailedProcess(Process):
         fut = asyncio.get_running_loop().create_future()
         super().__init__(sandbox, exec_id, 0, [], None, fut, 0, ("", ""))
         self._result = result
+
+
+async def _start_all(starts: list[Coroutine[Any, Any, Sandbox]]) -> list[Sandbox]:
+    """Start sandboxes together, all or none: if one start fails, or the caller is
+    cancelled, the sandboxes already started are closed (nobody else will ever hold them;
+    a start still under way cleans up after itself when cancelled) and the error goes on.
+    Cancellation can land after every start has finished but before the caller resumes,
+    so the started ones are looked for even then."""
+    tasks = [asyncio.ensure_future(c) for c in starts]
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _close_started(tasks)
+        raise
+    failed = next((asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks
+                   if t.cancelled() or t.exception() is not None), None)
+    if failed is not None:
+        await _close_started(tasks)
+        raise failed
+    return [t.result() for t in tasks]
+
+
+async def _close_started(tasks: list[asyncio.Future]) -> None:
+    started = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
+    await asyncio.gather(*(sb.close() for sb in started), return_exceptions=True)
