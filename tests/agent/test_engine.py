@@ -167,6 +167,25 @@ async def test_park_frees_the_weights_until_the_next_update(smollm2, prompts):
         assert eng.model.lm_head.weight.data_ptr() == eng.model.model.embed_tokens.weight.data_ptr()
 
 
+async def test_park_frees_float32_weights_mapped_from_the_checkpoint(smollm2, prompts):
+    """A float32 engine runs on the model as loaded, whose weights are mapped from the cached
+    checkpoint: parking moves them off the file, so their memory is given back all the same."""
+    from tryloop.agent.hf import load_model
+
+    mapped = load_model("smollm2-135m", device="cpu").model
+    async with Engine(mapped, smollm2.tokenizer, weights_version="w0", dtype="float32") as eng:
+        full = _weight_bytes(eng.model)
+        before = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        await eng.park()
+        assert _weight_bytes(eng.model) == 0 < full
+        assert await eng.update_weights(smollm2.model, version="w1") == "w1"
+        assert _weight_bytes(eng.model) == full
+        assert all(p.untyped_storage().resizable() for p in eng.model.parameters())   # parkable again
+        after = await eng.generate(prompts[1], max_new_tokens=8, temperature=0)
+        assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+        assert eng.model.lm_head.weight.data_ptr() == eng.model.model.embed_tokens.weight.data_ptr()
+
+
 async def test_prefix_cache_serves_the_next_turn(smollm2, prompts):
     tok = smollm2.tokenizer
     delta = tok.encode("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n",

@@ -345,8 +345,8 @@ class Engine:
 
         A trainer on the same host calls it before an update: the update makes both stale,
         and the engine gets every weight back from the learner after it. Requests that come
-        while the engine is parked wait for that update. Weights whose storage cannot be
-        resized (memory-mapped from a file) are kept."""
+        while the engine is parked wait for that update. Weights memory-mapped from the
+        checkpoint are moved off the file (nothing is copied: the update writes them)."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._lock:
             if self._closed:
@@ -454,12 +454,23 @@ class Engine:
             return
         if self._packed is not None:
             self._packed.drop()
-        seen: set[int] = set()
+        # Grouped first, while every storage is alive: once one is freed its address can be reused.
+        groups: dict[int, tuple[Any, list[torch.nn.Parameter]]] = {}
         for p in self.model.parameters():
             st = p.untyped_storage()
-            if st.data_ptr() in seen or not st.resizable() or st.nbytes() == 0:
-                continue
-            seen.add(st.data_ptr())
+            if st.nbytes():
+                groups.setdefault(st.data_ptr(), (st, []))[1].append(p)
+        for st, params in groups.values():
+            if not st.resizable():
+                # Memory-mapped from the checkpoint (a float32 model as loaded): its pages count as
+                # the process's memory and cannot be freed while mapped. Its tensors move onto a
+                # storage of their own, allocated but never written (the next update fills it),
+                # and the mapping goes once no tensor holds it.
+                own = torch.UntypedStorage(st.nbytes(), device=st.device)
+                with torch.no_grad():
+                    for p in params:
+                        p.set_(own, p.storage_offset(), p.shape, p.stride())
+                st = own
             self._parked.append((st, st.nbytes()))
             st.resize_(0)
 
@@ -786,11 +797,12 @@ class _SlotCache(Cache):
         left = right = self._margin(length)
         cap = _round_up(left + length + right, self.block)
         end = cap - right                     # the live rows end here, right-aligned
+        old = self.layers
         new_layers = []
         for i in range(self.n_layers):
             bufs = []
             for attr in ("_k", "_v"):
-                src = getattr(self.layers[i], attr) if self.layers else like
+                src = getattr(old[i], attr) if old else like
                 b, h, _, d = src.shape
                 # Zeroed: the live rows' left parts must be zeros, and a decode step's slot
                 # attention on torch's matmuls reads (masked) every column of the live slots,
@@ -800,6 +812,10 @@ class _SlotCache(Cache):
                     buf[:rows, :, end - old_len:end] = src[:rows, :, old_start:old_start + old_len]
                 bufs.append(buf)
             new_layers.append(_SlotLayer(*bufs))
+            if old:
+                # Layer by layer, the old buffers go as soon as they are copied: the old and the new
+                # cache are never both whole (a float32 cache of 16 rows is hundreds of megabytes).
+                old[i] = new_layers[-1]
         self.layers = new_layers
         self._set(rows, end - old_len, old_len)
 
