@@ -797,12 +797,13 @@ class _SlotCache(Cache):
         left = right = self._margin(length)
         cap = _round_up(left + length + right, self.block)
         end = cap - right                     # the live rows end here, right-aligned
-        old = self.layers
-        new_layers = []
+        # Replaced layer by layer, each old layer's buffers freed once copied: the old and the new
+        # cache are never both whole (a float32 cache of 16 rows is hundreds of megabytes).
+        layers, fresh = self.layers, not self.layers
         for i in range(self.n_layers):
             bufs = []
             for attr in ("_k", "_v"):
-                src = getattr(old[i], attr) if old else like
+                src = like if fresh else getattr(layers[i], attr)
                 b, h, _, d = src.shape
                 # Zeroed: the live rows' left parts must be zeros, and a decode step's slot
                 # attention on torch's matmuls reads (masked) every column of the live slots,
@@ -811,12 +812,10 @@ class _SlotCache(Cache):
                 if rows:
                     buf[:rows, :, end - old_len:end] = src[:rows, :, old_start:old_start + old_len]
                 bufs.append(buf)
-            new_layers.append(_SlotLayer(*bufs))
-            if old:
-                # Layer by layer, the old buffers go as soon as they are copied: the old and the new
-                # cache are never both whole (a float32 cache of 16 rows is hundreds of megabytes).
-                old[i] = new_layers[-1]
-        self.layers = new_layers
+            if fresh:
+                layers.append(_SlotLayer(*bufs))
+            else:
+                layers[i] = _SlotLayer(*bufs)
         self._set(rows, end - old_len, old_len)
 
     def add(self, caches: list[Any]) -> None:

@@ -800,19 +800,18 @@ async def _start_all(starts: list[Coroutine[Any, Any, Sandbox]]) -> list[Sandbox
     so the started ones are looked for even then."""
     tasks = [asyncio.ensure_future(c) for c in starts]
     try:
-        await asyncio.gather(*tasks, return_exceptions=True)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
     except asyncio.CancelledError:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await _close_started(tasks)
         raise
-    failed = next((asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks
-                   if t.cancelled() or t.exception() is not None), None)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
     if failed is not None:
         await _close_started(tasks)
         raise failed
-    return [t.result() for t in tasks]
+    return results
 
 
 async def _close_started(tasks: list[asyncio.Future]) -> None:
