@@ -40,6 +40,21 @@ def test_cached_load_is_fast_and_bit_identical(smollm2):
     assert torch.equal(logits(*again), logits(*smollm2))
 
 
+def test_a_local_load_draws_no_bar_and_leaves_transformers_bars_as_they_were(smollm2, capfd):
+    # Its per-tensor bar would break into the caller's progress display and fill logs.
+    from transformers.utils import logging as hf_logging
+
+    capfd.readouterr()
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        try:
+            load_model("smollm2-135m", device="cpu")
+            assert hf_logging.is_progress_bar_enabled() is enabled
+        finally:
+            hf_logging.enable_progress_bar()
+    assert "Loading weights" not in capfd.readouterr().err
+
+
 def tiny_checkpoint(path: Path, seed: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -247,12 +247,20 @@ def resolve_model(name_or_path: str, *, cache_dir: str | Path | None = None) -> 
 
 def _load_local(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # A local load takes about a second: transformers' per-tensor bar would only break into the
+    # caller's progress display (and fill a log with carriage returns).
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {e}") from e
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model.to(device).eval(), tokenizer
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.progress import task_progress
 
 
 def _run(cfg) -> None:
@@ -43,9 +43,7 @@ def _run(cfg) -> None:
                 if cfg.scheduler.engine == "local" else None   # on Ray, the workers load it
         passed = judged = 0
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("pass {task.fields[rate]}"), TextColumn("[dim]{task.fields[last]}"),
-                          console=console) as prog:
+            with task_progress(console, labels={"rate": "pass"}) as prog:
                 bar = prog.add_task("episodes", total=len(tasks) * ecfg.k, rate="-", last="")
 
                 def done(t):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +14,9 @@ from tryloop.config import TryloopConfig, load_yaml, parse
 from tryloop.errors import TryloopError
 
 console = Console(stderr=True)
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    # A log or a pipe: rich's default of 80 columns squeezes the result tables unreadably.
+    console = Console(stderr=True, width=132)
 app = typer.Typer(help="Agent RL in verifiable environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 

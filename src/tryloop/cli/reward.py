@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.prompt import Prompt
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.progress import task_progress
 from tryloop.errors import TryloopError
 
 app = typer.Typer(help="Rewards: verifier, regression gate, re-scoring, spot checks, judge checks.",
@@ -106,11 +106,6 @@ def verify_cmd(
     raise typer.Exit(0 if v.state != "no_verdict" else EXIT_NO_VERDICT)
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("[dim]{task.fields[last]}"), console=console)
-
-
 def gold_items(cfg, tasks: dict):
     """The gold set: the file's items plus built-in items of representative tasks."""
     from tryloop.rewards.gold import GoldSet, builtin_items, pick_representatives
@@ -143,7 +138,7 @@ def run_gate_cli(cfg, *, verify_fn=None):
                            "`tryloop tasks build-default` (or point --store at one)")
     tasks = {e.fingerprint: store.get(e.fingerprint) for e in entries}
     items = gold_items(cfg, tasks)
-    with _progress() as prog:
+    with task_progress(console) as prog:
         bar = prog.add_task("gold set", total=len(items), last="")
 
         def tick(r):
@@ -207,7 +202,7 @@ def rescore_cmd(
     for fp in {t.task_fingerprint for t in trajs}:
         if ts.has(fp):
             tasks[fp] = ts.get(fp)
-    with _progress() as prog:
+    with task_progress(console) as prog:
         bar = prog.add_task("re-scoring", total=len(trajs), last="")
         res = asyncio.run(rescore(SandboxRuntime(cfg.runtime), tasks, trajs, cfg.rewards.spec,
                                   concurrency=cfg.rewards.concurrency,

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.progress import task_progress
 
 app = typer.Typer(help="Task assets: the store, the factory, the gate, splits.", no_args_is_help=True)
 
@@ -64,11 +64,6 @@ def print_report(report, title: str) -> None:
     console.print(t)
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("[dim]{task.fields[last]}"), console=console)
-
-
 async def _build_environments(rt, cfg, tasks, find_links: Path | None = None) -> None:
     """Imported Harbor tasks whose Dockerfile has RUN steps, and SWE-bench-style instances
     with dependencies: build their environment images."""
@@ -112,7 +107,7 @@ async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False, build: b
     if build:
         await _build_environments(rt, cfg, tasks, find_links)
     store, report = _store(cfg), GateReport()
-    with _progress() as prog:
+    with task_progress(console) as prog:
         bar = prog.add_task("gating", total=len(tasks), last="")
         for task in tasks:
             await admit(rt, store, task, report, group, _gate(cfg, require_p2p),
@@ -217,7 +212,7 @@ def synth(
 
         async def go_family():
             rt = SandboxRuntime(cfg.runtime)
-            with _progress() as prog:
+            with task_progress(console) as prog:
                 bar = prog.add_task(f"synth {family}", total=None, last="")
                 return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=per_family,
                                           count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction_for(family),
@@ -244,7 +239,7 @@ def synth(
 
     async def go():
         rt = SandboxRuntime(cfg.runtime)
-        with _progress() as prog:
+        with task_progress(console) as prog:
             bar = prog.add_task(f"synth {project.name}", total=None, last="")
             return await synthesize(rt, _store(cfg), project, work, keep=keep, seed=cfg.tasks.seed,
                                     operators=operators, gate=_gate(cfg, True), report=report,
@@ -365,7 +360,7 @@ def build_default(
 
     async def go():
         rt = SandboxRuntime(cfg.runtime)
-        with _progress() as prog:
+        with task_progress(console) as prog:
             bar = prog.add_task("building the default suite", total=None, last="")
             return await factory.build_default(rt, _store(cfg), work, opts,
                                                progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
@@ -541,7 +536,7 @@ def zone(
     tasks = [t for split in ("train", "eval") for t in select(_store(cfg), split, tcfg.source)]
     if not tasks:
         run_cli(_no_tasks, cfg)
-    with _progress() as prog:
+    with task_progress(console) as prog:
         bar = prog.add_task(f"measuring {len(tasks)} tasks x {tcfg.zone_k}", total=len(tasks) * tcfg.zone_k, last="")
         result = run_cli(lambda: asyncio.run(measure_zone(
             cfg, tcfg, tasks, on_done=lambda t: prog.update(bar, advance=1, last=t.task_id))))

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.progress import task_progress
 
 
 def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
@@ -59,9 +59,8 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
                           f"it lacks ({len(skip)} decided before are kept)")
         store.set_build_state(source, "started", key)
         cfg.tasks.work_dir.mkdir(parents=True, exist_ok=True)
-        with Progress(TextColumn(f"building the {source} tasks (gated)"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("[dim]{task.fields[last]}"), console=console) as prog:
-            bar = prog.add_task("", total=None, last="")
+        with task_progress(console) as prog:
+            bar = prog.add_task(f"building the {source} tasks (gated)", total=None, last="")
             report = asyncio.run(builders[source](
                 SandboxRuntime(cfg.runtime), store, cfg.tasks.work_dir,
                 gate=GateConfig(k=1, time_budget_s=cfg.tasks.time_budget_s),
@@ -112,6 +111,22 @@ def _summary(rows: list[dict], evals: list[dict], status: str) -> Table:
     return t
 
 
+def _step_line(m: dict) -> str:
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    return (f"step {m['step']}: {m['episodes']} episodes, {m.get('groups_mixed', '-')}/{m['groups']} groups mixed, "
+            f"{m.get('refills', '-')} refills, reward {f(m['reward_mean'])}, pass {f(m['pass_rate'])}, "
+            f"loss {f(m.get('learn_loss'))}, rollouts {m.get('time_rollout_wall_s', 0):.0f} s, "
+            f"update {m['time_update_s']:.0f} s")
+
+
+def _eval_line(e: dict) -> str:
+    at = "start" if e["step"] < 0 else f"step {e['step']}"
+    name = e.get("name", "held-out")
+    if e["pass_at_1"] is None:
+        return f"{name} eval ({at}): no verdicts"
+    return f"{name} eval ({at}): pass@1 {e['pass_at_1']:.1%} [{e['lo']:.0%}, {e['hi']:.0%}]"
+
+
 def _zone_table(rows: list[dict], n_train: int, n_eval: int) -> Table:
     t = Table(title=f"learning zone: {n_train} train / {n_eval} held-out tasks")
     for col in ("group", "split", "tasks", "mean pass rate", "never", "always", "in zone"):
@@ -132,9 +147,10 @@ def _run(cfg, resume: bool) -> None:
     rows: list[dict] = []
     evals: list[dict] = []
     tc = cfg.train
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("[dim]{task.fields[last]}"), console=console)
+    prog = task_progress(console)
     bar = prog.add_task("rollouts", total=tc.tasks_per_step * tc.group_size, last="")
+    # A log shows no live table: each step's and evaluation's row goes to it as a line.
+    as_lines = not console.is_terminal
 
     def render():
         from rich.console import Group
@@ -157,13 +173,21 @@ def _run(cfg, resume: bool) -> None:
             elif event == "episode":
                 t = data["trajectory"]
                 prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
+            elif event == "eval_start":
+                at = "start" if data["step"] < 0 else f"step {data['step']}"
+                prog.reset(bar, total=data["total"], completed=0, description=f"{data['name']} eval ({at})",
+                           last="")
             elif event == "eval_episode":
                 t = data["trajectory"]
-                prog.update(bar, description="held-out eval", last=f"{t.task_id}: {t.verdict}")
+                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
             elif event == "step":
                 rows.append(data)
+                if as_lines:
+                    live.console.print(_step_line(data), highlight=False)
             elif event == "eval":
                 evals.append(data)
+                if as_lines:
+                    live.console.print(_eval_line(data), highlight=False)
             elif event == "log":
                 live.console.print(data["message"])
             live.update(render())

@@ -57,7 +57,9 @@ from tryloop.train.curriculum import Curriculum
 from tryloop.train.run_config import TrainRunConfig
 from tryloop.train.staleness import VersionGate
 
-Hook = Callable[[str, dict[str, Any]], None]   # (event, data): "rollout", "step", "eval", "log"
+# (event, data): "zone", "zone_episode", "zone_done", "rollout", "episode", "step", "eval_start",
+# "eval_episode", "eval", "log"
+Hook = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass
@@ -457,6 +459,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             run_id = f"{_eval_prefix(tcfg, name)}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
             _set_meta(runner, remote, weights=policy.version, temperature=temperature)   # what Ray workers sample with
+            emit("eval_start", {"step": step, "name": name, "total": len(tasks) * k})
             try:
                 with sampling_temperature(policy, temperature):
                     res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,

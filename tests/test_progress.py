@@ -1,0 +1,96 @@
+"""Progress in a log: bars become lines a person can follow, at a bounded rate."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from rich.console import Console
+from rich.progress import Progress
+
+import tryloop.cli.main  # noqa: F401  (registers the commands; importing cli.train first would cycle)
+from tryloop.cli.progress import LogProgress, task_progress
+from tryloop.cli.train import _eval_line, _step_line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def logged(every_s: float = 60.0, **kw):
+    out = io.StringIO()
+    clock = Clock()
+    prog = task_progress(Console(file=out, force_terminal=False, width=200), every_s=every_s, get_time=clock, **kw)
+    return prog, clock, out
+
+
+def test_a_terminal_gets_live_bars_and_a_log_gets_lines():
+    assert not isinstance(task_progress(Console(file=io.StringIO(), force_terminal=True)), LogProgress)
+    assert isinstance(task_progress(Console(file=io.StringIO(), force_terminal=True)), Progress)
+    assert isinstance(task_progress(Console(file=io.StringIO(), force_terminal=False)), LogProgress)
+
+
+def test_a_bar_is_logged_at_most_once_per_interval_and_when_it_finishes():
+    prog, clock, out = logged()
+    with prog:
+        bar = prog.add_task("measuring the learning zone", total=10, last="")
+        prog.update(bar, advance=1, last="functions/a: pass")
+        clock.now += 30
+        prog.update(bar, advance=1, last="functions/b: fail")
+        assert out.getvalue() == ""                      # less than a minute: nothing yet
+        clock.now += 31
+        prog.update(bar, advance=1, last="functions/c: [bold]pass")
+        lines = out.getvalue().splitlines()
+        assert lines == ["measuring the learning zone: 3/10 (30%) · 0:01:01 elapsed, ~0:02:22 left · "
+                         "functions/c: [bold]pass"]   # markup in an item is printed as it is
+        clock.now += 1
+        prog.update(bar, advance=7, last="functions/j: pass")
+        assert out.getvalue().splitlines()[-1].startswith("measuring the learning zone: 10/10 (100%) · 0:01:02")
+    assert len(out.getvalue().splitlines()) == 2         # stopping adds nothing already said
+
+
+def test_stopping_logs_where_an_unbounded_bar_got_to_and_fields_are_labelled():
+    prog, clock, out = logged(labels={"rate": "pass"})
+    with prog:
+        bar = prog.add_task("building the functions tasks (gated)", total=None, last="", rate="-")
+        for i in range(3):
+            prog.update(bar, advance=1, last=f"functions/t{i}", rate=f"{i}/{i + 1}")
+        clock.now += 5
+    assert out.getvalue().splitlines() == [
+        "building the functions tasks (gated): 3 done · 0:00:05 elapsed · pass 2/3 · functions/t2"]
+
+
+def test_a_reset_bar_logs_what_it_reached_before_it_starts_over():
+    prog, clock, out = logged()
+    with prog:
+        bar = prog.add_task("step 0 rollouts", total=4, last="")
+        prog.update(bar, advance=2, last="x")
+        clock.now += 10
+        prog.reset(bar, total=6, completed=0, description="held-out eval (step 0)", last="")
+        clock.now += 61
+        prog.update(bar, advance=3, last="y")
+    assert out.getvalue().splitlines() == ["step 0 rollouts: 2/4 (50%) · 0:00:10 elapsed, ~0:00:10 left · x",
+                                           "held-out eval (step 0): 3/6 (50%) · 0:01:01 elapsed, ~0:01:01 left · y"]
+
+
+def test_a_train_step_and_an_evaluation_read_as_lines():
+    step = {"step": 3, "episodes": 40, "groups_mixed": 8, "groups": 10, "refills": 4, "reward_mean": 0.4125,
+            "pass_rate": 0.375, "learn_loss": None, "time_rollout_wall_s": 141.6, "time_update_s": 97.2}
+    assert _step_line(step) == ("step 3: 40 episodes, 8/10 groups mixed, 4 refills, reward 0.412, pass 0.375, "
+                                "loss -, rollouts 142 s, update 97 s")
+    assert _eval_line({"step": -1, "name": "held-out", "pass_at_1": 0.3, "lo": 0.25, "hi": 0.355}) == \
+        "held-out eval (start): pass@1 30.0% [25%, 36%]"
+    assert _eval_line({"step": 7, "name": "humaneval", "pass_at_1": None}) == "humaneval eval (step 7): no verdicts"
+
+
+def test_the_cli_console_is_wide_in_a_pipe():
+    # 80 columns squeeze the train and eval tables unreadably in a log.
+    code = "from tryloop.cli.main import console; print(console.is_terminal, console.width)"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert res.stdout.split() == ["False", "132"], res.stderr
