@@ -533,6 +533,33 @@ async def test_python_fork_loop_hits_pids_limit(sandbox):
     assert len(_agent_pids(sandbox)) >= int(n), "the forked children are gone before the reset"
     await sandbox.reset()  # the sleeping children are still there; reset must clear them
     assert not _agent_pids(sandbox), f"processes survived reset: {_agent_pids(sandbox)}"
+
+
+async def test_a_thread_bomb_hits_the_pids_limit_and_its_threads_are_counted(sandbox):
+    # Threads are tasks too: the limit caps them, and the sandbox's count is what the limit sees.
+    code = (
+        "import threading, time\n"
+        "n = 0\n"
+        "while True:\n"
+        "    try:\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "    except RuntimeError:\n"
+        "        break\n"
+        "    n += 1\n"
+        "print(n, flush=True); time.sleep(30)\n"
+    )
+    limit = sandbox.config.limits.pids
+    proc = await sandbox.start(["python3", "-c", code], timeout=20, stream=True)
+    out = b""
+    async for name, chunk in proc.stream():
+        out += chunk if name == "stdout" else b""
+        if out.endswith(b"\n"):
+            break
+    n = int(out)
+    assert 0 < n < limit, f"started {n} threads under a pids limit of {limit}"
+    assert n + 1 <= sandbox.stats()["pids"] <= limit
+    await sandbox.reset()
+    assert not _agent_pids(sandbox)
     assert (await sandbox.exec("true")).ok
 
 

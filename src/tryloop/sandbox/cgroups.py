@@ -486,6 +486,15 @@ class SandboxCgroup:
                 found.update(int(x) for x in text.split())
         return sorted(found)
 
+    def task_count(self) -> int:
+        """What the pids limit caps: the tasks (processes and threads) its controller counts now;
+        where there is no pids controller, the processes in the group. Not the size of `pids()`:
+        its lists, read one hierarchy after another while processes come and go (a fork bomb's),
+        can hold some that are gone together with the ones that replaced them."""
+        d = self.paths.get("pids")
+        text = _read_or_none(d / "pids.current") if d is not None else None
+        return int(text) if text else len(self.pids())
+
     # ----------------------------------------------------------------- accounting
 
     def memory_peak_bytes(self) -> int | None:

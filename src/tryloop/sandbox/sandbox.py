@@ -709,7 +709,7 @@ class Sandbox:
         return {
             "memory_peak_bytes": self.cgroup.memory_peak_bytes(),
             "oom_kills": self.cgroup.oom_kills(),
-            "pids": len(self.cgroup.pids()),
+            "pids": self.cgroup.task_count(),
             "cpu_usage_ns": self.cgroup.cpu_usage_ns(),
         }
 
