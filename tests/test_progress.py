@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from rich.console import Console
 from rich.progress import Progress
@@ -65,6 +66,17 @@ def test_stopping_logs_where_an_unbounded_bar_got_to_and_fields_are_labelled():
         "building the functions tasks (gated): 3 done · 0:00:05 elapsed · pass 2/3 · functions/t2"]
 
 
+def test_the_time_left_counts_only_what_ran_since_the_bar_restarted():
+    prog, clock, out = logged()
+    with prog:
+        bar = prog.add_task("x", total=10, last="")
+        prog.reset(bar, total=100, completed=60, description="step 3 rollouts (resumed)", last="")
+        clock.now += 60
+        prog.update(bar, advance=10, last="y")       # 10 in a minute: 30 left take 3 more
+    assert out.getvalue().splitlines() == ["step 3 rollouts (resumed): 70/100 (70%) · 0:01:00 elapsed, "
+                                           "~0:03:00 left · y"]
+
+
 def test_a_reset_bar_logs_what_it_reached_before_it_starts_over():
     prog, clock, out = logged()
     with prog:
@@ -94,3 +106,67 @@ def test_the_cli_console_is_wide_in_a_pipe():
     env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert res.stdout.split() == ["False", "132"], res.stderr
+
+
+def run_train_cli(monkeypatch, events, *, fail: BaseException | None = None) -> str:
+    """`tryloop train`'s display fed a run's events, written to a log (the loop itself is tested in
+    tests/train; here only what a person reading the log sees)."""
+    import tryloop.cli.train as cli_train
+    import tryloop.train.run as run
+    from tryloop.config import TryloopConfig
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli_train, "console", Console(file=out, force_terminal=False, width=132))
+    monkeypatch.setattr(cli_train, "ensure_suite", lambda cfg: None)
+    monkeypatch.setattr(cli_train, "ensure_gate", lambda cfg: None)
+    monkeypatch.setattr(run, "check_start", lambda *a: None)
+
+    async def train(cfg, tcfg, *, resume, hook):
+        for event, data in events:
+            hook(event, data)
+        if fail is not None:
+            raise fail
+        return SimpleNamespace(report_path="/runs/train/report.html")
+
+    monkeypatch.setattr(run, "train", train)
+    try:
+        cli_train._run(TryloopConfig(), resume=False)
+    except KeyboardInterrupt:
+        out.write("interrupted\n")
+    return out.getvalue()
+
+
+def episode(task_id: str, verdict: str):
+    return {"trajectory": SimpleNamespace(task_id=task_id, verdict=verdict)}
+
+
+STEP = {"step": 0, "episodes": 2, "groups_mixed": 1, "groups": 1, "refills": 0, "reward_mean": 0.5,
+        "pass_rate": 0.5, "learn_loss": 0.01, "time_rollout_wall_s": 10.0, "time_update_s": 5.0}
+
+
+def test_train_in_a_log_writes_the_zone_steps_and_evaluations_as_lines(monkeypatch):
+    text = run_train_cli(monkeypatch, [
+        ("zone", {"total": 2, "key": "k"}), ("zone_start", {"episodes": 2, "stored": 4}),
+        ("zone_episode", episode("functions/a-0", "pass")), ("zone_episode", episode("functions/b-1", "fail")),
+        ("eval_start", {"step": -1, "name": "held-out", "episodes": 1, "stored": 0}),
+        ("eval_episode", episode("functions/c-2", "pass")),
+        ("eval", {"step": -1, "name": "held-out", "pass_at_1": 1.0, "lo": 0.2, "hi": 1.0}),
+        ("rollout", {"step": 0, "total": 2, "done": 0}),
+        ("episode", episode("functions/a-0", "pass")), ("episode", episode("functions/a-0", "fail")),
+        ("step", STEP)])
+    lines = text.splitlines()
+    assert lines[0].startswith("measuring the learning zone (4 episodes kept from before): 2/2 (100%) · ")
+    assert lines[0].endswith(" · functions/b-1: fail")
+    assert lines[1].startswith("held-out eval (start): 1/1 (100%)")
+    assert lines[2] == "held-out eval (start): pass@1 100.0% [20%, 100%]"
+    assert lines[3].startswith("step 0 rollouts: 2/2 (100%)")
+    assert lines[4].startswith("step 0: 2 episodes, 1/1 groups mixed, 0 refills, reward 0.500, pass 0.500")
+    assert "training — run train" in lines[5] and "held-out pass@1" in text      # the table, once, at the end
+    assert text.count("┏") == 1 and lines[-1] == "report: /runs/train/report.html"
+
+
+def test_an_interrupted_train_in_a_log_ends_its_table_before_the_next_line(monkeypatch):
+    text = run_train_cli(monkeypatch, [("rollout", {"step": 0, "total": 2, "done": 0}),
+                                       ("episode", episode("functions/a-0", "pass")), ("step", STEP)],
+                         fail=KeyboardInterrupt())
+    assert text.splitlines()[-1] == "interrupted" and "└" in text.splitlines()[-2]

@@ -31,8 +31,9 @@ async def test_oracle_passes_everything_and_a_rerun_skips_everything(envs, rewar
     tasks = reward_tasks[:2]
     store = TrajectoryStore(tmp_path / "trajectories")
     cfg = EvalConfig(k=2, concurrency=2)
+    starts: list[tuple[int, int]] = []               # (to run, stored before): a progress bar's total
     res = await evaluate(tasks, Oracle(), envs, cfg=cfg, run_id="oracle-run", store=store,
-                         out_dir=tmp_path / "out")
+                         out_dir=tmp_path / "out", on_start=lambda *a: starts.append(a))
     s = res.summary
     assert res.skipped == 0 and s.episodes == 4 and s.tasks == 2 and s.k == 2
     assert s.pass_at_1.value == 1.0 and s.pass_at_k.value == 1.0, s.verdicts
@@ -45,8 +46,9 @@ async def test_oracle_passes_everything_and_a_rerun_skips_everything(envs, rewar
     assert written["pass_at_1"]["value"] == 1.0 and written["episodes"] == 4
 
     again = await evaluate(tasks, Oracle(), envs, cfg=cfg, run_id="oracle-run", store=store,
-                           out_dir=tmp_path / "again")
+                           out_dir=tmp_path / "again", on_start=lambda *a: starts.append(a))
     assert again.skipped == 4 and store.count("oracle-run") == 4
+    assert starts == [(4, 0), (0, 4)]
     assert without_times(again.summary.to_dict()) == without_times(s.to_dict())
     assert again.summary.time_s == pytest.approx(s.time_s)
     assert sorted(t.episode_id for t in again.trajectories) == sorted(t.episode_id for t in res.trajectories)

@@ -422,10 +422,23 @@ def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_se
                         check_source="humaneval", check_tasks=1, concurrency=4, limits=SHORT)
     cfg = load_yaml(path)
     events: list[str] = []
-    res = asyncio.run(train(cfg, cfg.train, hook=lambda e, d: events.append(e)))
+    starts: list[dict] = []
+
+    def hook(event: str, data: dict) -> None:
+        events.append(event)
+        if event.endswith("_start"):
+            starts.append({"event": event, **data})
+
+    res = asyncio.run(train(cfg, cfg.train, hook=hook))
     assert events.index("zone_done") < events.index("rollout")
     zone = json.loads((res.run_dir / "zone.json").read_text())
     assert zone["train"] >= 1 and sum(r["measured"] for r in zone["rows"]) == 4
+    # Progress totals: the episodes each measurement and evaluation runs (4 tasks, k=1).
+    assert starts[0] == {"event": "zone_start", "episodes": 4, "stored": 0}
+    assert [(s["event"], s["step"], s["name"]) for s in starts[1:]] == [
+        ("eval_start", -1, "held-out"), ("eval_start", -1, "humaneval"), ("eval_start", 0, "held-out"),
+        ("eval_start", 0, "humaneval")]
+    assert [s["episodes"] for s in starts[1:]] == [e["episodes"] for e in res.evals]
     assert {r["group"] for r in zone["rows"]} <= {"tier 1", "tier 2", "tier 3"}
     names = [(e["step"], e["name"]) for e in res.evals]
     assert names == [(-1, "held-out"), (-1, "humaneval"), (0, "held-out"), (0, "humaneval")]
@@ -445,7 +458,7 @@ def test_a_run_on_its_learning_zone_measures_it_first_and_evaluates_the_check_se
     again: list[tuple[str, dict]] = []
     asyncio.run(train(cfg, colder, hook=lambda e, d: again.append((e, d))))
     assert [d["key"] for e, d in again if e == "zone"] == [zone["key"]]
-    assert "zone_episode" not in [e for e, _ in again]
+    assert "zone_episode" not in [e for e, _ in again] and "zone_start" not in [e for e, _ in again]
     # `tryloop tasks zone` keys its measurement as the run does: it reads the run's, per family.
     from typer.testing import CliRunner
 

@@ -60,9 +60,10 @@ def _run(cfg) -> None:
                                          registry=metrics.registry)
                 res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id,
                                      store=TrajectoryStore(cfg.store.trajectories_url),
-                                     spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner)
+                                     spec=cfg.rewards.spec, out_dir=out_dir, on_done=done, runner=runner,
+                                     on_start=lambda n, stored: prog.update(bar, total=n, description=(
+                                         f"episodes ({stored} kept from before)" if stored else "episodes")))
                 await runner.aclose()
-                prog.update(bar, completed=len(tasks) * ecfg.k)
         finally:
             await envs.close()
             close = getattr(policy, "close", None) if policy is not None else None

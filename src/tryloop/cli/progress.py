@@ -53,6 +53,7 @@ class LogProgress(Progress):
         self._labels = labels
         self._every_s = every_s
         self._logged: dict[TaskID, tuple[float, float]] = {}    # task -> (time, completed) of its last line
+        self._base: dict[TaskID, float] = {}     # task -> what it had done when it (re)started: not this rate's
 
     def line(self, task_id: TaskID) -> str:
         task = self._tasks[task_id]
@@ -63,8 +64,9 @@ class LogProgress(Progress):
             if task.total:
                 done += f" ({task.completed / task.total:.0%})"
         parts = [f"{task.description}: {done}", f"{_clock(task.elapsed or 0)} elapsed"]
-        if task.total is not None and 0 < task.completed < task.total and task.elapsed:
-            parts[-1] += f", ~{_clock(task.elapsed / task.completed * (task.total - task.completed))} left"
+        ran = task.completed - self._base[task_id]
+        if task.total is not None and ran > 0 and task.completed < task.total and task.elapsed:
+            parts[-1] += f", ~{_clock(task.elapsed / ran * (task.total - task.completed))} left"
         parts += [f"{label} {task.fields[f]}" for f, label in self._labels.items() if task.fields.get(f) not in
                   (None, "")]
         if task.fields.get("last"):
@@ -77,7 +79,7 @@ class LogProgress(Progress):
             if task is None:
                 return
             now = self.get_time()
-            last_t, last_done = self._logged.get(task_id, (task.start_time or now, 0.0))
+            last_t, last_done = self._logged[task_id]
             if task.completed == last_done:
                 return                              # nothing new since its last line
             if not (final or task.finished or now - last_t >= self._every_s):
@@ -86,9 +88,14 @@ class LogProgress(Progress):
             text = self.line(task_id)
         self.console.print(escape(text), highlight=False, soft_wrap=True)
 
+    def _started(self, task_id: TaskID) -> None:
+        done = self._tasks[task_id].completed
+        self._logged[task_id] = (self.get_time(), done)
+        self._base[task_id] = done
+
     def add_task(self, *args: Any, **kw: Any) -> TaskID:
         task_id = super().add_task(*args, **kw)
-        self._logged.pop(task_id, None)
+        self._started(task_id)
         return task_id
 
     def update(self, task_id: TaskID, **kw: Any) -> None:     # type: ignore[override]
@@ -102,7 +109,7 @@ class LogProgress(Progress):
     def reset(self, task_id: TaskID, **kw: Any) -> None:      # type: ignore[override]
         self._log(task_id, final=True)      # the state it reached before it starts over
         super().reset(task_id, **kw)
-        self._logged.pop(task_id, None)
+        self._started(task_id)
 
     def stop(self) -> None:
         for task_id in list(self._tasks):

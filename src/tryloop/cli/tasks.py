@@ -539,7 +539,8 @@ def zone(
     with task_progress(console) as prog:
         bar = prog.add_task(f"measuring {len(tasks)} tasks x {tcfg.zone_k}", total=len(tasks) * tcfg.zone_k, last="")
         result = run_cli(lambda: asyncio.run(measure_zone(
-            cfg, tcfg, tasks, on_done=lambda t: prog.update(bar, advance=1, last=t.task_id))))
+            cfg, tcfg, tasks, on_done=lambda t: prog.update(bar, advance=1, last=t.task_id),
+            on_start=lambda n, stored: prog.update(bar, total=n))))
     rows = result.rows(by_family) if by == "family" else result.rows()
     if json_out:
         print(json.dumps({"key": result.key, "band": [result.band.lo, result.band.hi], "k": tcfg.zone_k,

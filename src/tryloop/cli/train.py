@@ -149,50 +149,59 @@ def _run(cfg, resume: bool) -> None:
     tc = cfg.train
     prog = task_progress(console)
     bar = prog.add_task("rollouts", total=tc.tasks_per_step * tc.group_size, last="")
-    # A log shows no live table: each step's and evaluation's row goes to it as a line.
-    as_lines = not console.is_terminal
 
     def render():
         from rich.console import Group
 
         return Group(_summary(rows, evals, f"run {tc.run_id}"), prog)
 
-    with Live(render(), console=console, refresh_per_second=4) as live:
-        def hook(event: str, data: dict) -> None:
-            if event == "zone":
-                prog.reset(bar, total=data["total"] * tc.zone_k, completed=0,
-                           description="measuring the learning zone", last="")
-            elif event == "zone_episode":
-                t = data["trajectory"]
-                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
-            elif event == "zone_done":
-                live.console.print(_zone_table(data["rows"], data["train"], data["eval"]))
-            elif event == "rollout":
-                prog.reset(bar, total=data["total"], completed=data["done"],
-                           description=f"step {data['step']} rollouts", last="")
-            elif event == "episode":
-                t = data["trajectory"]
-                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
-            elif event == "eval_start":
-                at = "start" if data["step"] < 0 else f"step {data['step']}"
-                prog.reset(bar, total=data["total"], completed=0, description=f"{data['name']} eval ({at})",
-                           last="")
-            elif event == "eval_episode":
-                t = data["trajectory"]
-                prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
-            elif event == "step":
-                rows.append(data)
-                if as_lines:
-                    live.console.print(_step_line(data), highlight=False)
-            elif event == "eval":
-                evals.append(data)
-                if as_lines:
-                    live.console.print(_eval_line(data), highlight=False)
-            elif event == "log":
-                live.console.print(data["message"])
+    # In a terminal, a live table of steps over the bar. A log gets no live display (rich would
+    # write it once, at the end): there each step and evaluation is a line as it ends, the bar
+    # logs its own lines, and the table is written once when the run stops.
+    live = Live(render(), console=console, refresh_per_second=4) if console.is_terminal else None
+
+    def hook(event: str, data: dict) -> None:
+        if event == "zone_start":
+            kept = f" ({data['stored']} episodes kept from before)" if data["stored"] else ""
+            prog.reset(bar, total=data["episodes"], completed=0, description=f"measuring the learning zone{kept}",
+                       last="")
+        elif event in ("zone_episode", "episode", "eval_episode"):
+            t = data["trajectory"]
+            prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
+        elif event == "zone_done":
+            console.print(_zone_table(data["rows"], data["train"], data["eval"]))
+        elif event == "rollout":
+            prog.reset(bar, total=data["total"], completed=data["done"],
+                       description=f"step {data['step']} rollouts", last="")
+        elif event == "eval_start":
+            at = "start" if data["step"] < 0 else f"step {data['step']}"
+            kept = f", {data['stored']} episodes kept from before" if data["stored"] else ""
+            prog.reset(bar, total=data["episodes"], completed=0, description=f"{data['name']} eval ({at}{kept})",
+                       last="")
+        elif event == "step":
+            rows.append(data)
+            if live is None:
+                console.print(_step_line(data), highlight=False)
+        elif event == "eval":
+            evals.append(data)
+            if live is None:
+                console.print(_eval_line(data), highlight=False)
+        elif event == "log":
+            console.print(data["message"])
+        if live is not None:
             live.update(render())
 
+    if live is not None:
+        live.start()
+    try:
         res = asyncio.run(train(cfg, tc, resume=resume, hook=hook))
+    finally:
+        if live is not None:
+            live.stop()
+        else:
+            prog.stop()
+            if rows or evals:
+                console.print(_summary(rows, evals, f"run {tc.run_id}"))
     console.print(f"report: {res.report_path}")
 
 

@@ -48,8 +48,11 @@ class EvalResult:
 
 async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: str, store=None,
                    runner: EpisodeRunner | None = None, spec=None, out_dir: Path | None = None,
-                   on_done: Callable[[Trajectory], None] | None = None) -> EvalResult:
-    """Run k episodes per task; returns the summary and writes the report (when `out_dir`)."""
+                   on_done: Callable[[Trajectory], None] | None = None,
+                   on_start: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Run k episodes per task; returns the summary and writes the report (when `out_dir`).
+    `on_start(to_run, stored)`: the episodes this call will run and those an earlier attempt stored
+    (a progress bar's total), before the first one runs; `on_done` after each."""
     done_ids = store.episode_ids(run_id) if store is not None else set()
     earlier = store.read(run_id=run_id) if store is not None and done_ids else []
     requests = [EpisodeRequest(episode_id(run_id, t, i), t, sample_index=i, run_id=run_id, step=0,
@@ -58,6 +61,8 @@ async def evaluate(tasks: list[Task], policy, envs, *, cfg: EvalConfig, run_id: 
     todo = [r for r in requests if r.episode_id not in done_ids]
     runner = runner or BoundedRunner(cfg.concurrency)
     out: list[Trajectory] = list(earlier)
+    if on_start:
+        on_start(len(todo), len(requests) - len(todo))
 
     async def one(req: EpisodeRequest, hooks) -> Trajectory:
         return await run_episode(req, policy, envs, limits=cfg.limits, spec=spec, hooks=hooks)

@@ -63,7 +63,8 @@ def measured(store, task: Task, key: str) -> dict[str, Any] | None:
 
 async def measure(tasks: list[Task], policy, envs, store, *, key: str, k: int, temperature: float, limits,
                   runner=None, spec=None, trajectories=None, seed: int = 0,
-                  on_done: Callable[[Trajectory], None] | None = None) -> dict[str, tuple[int, int]]:
+                  on_done: Callable[[Trajectory], None] | None = None,
+                  on_start: Callable[[int, int], None] | None = None) -> dict[str, tuple[int, int]]:
     """k episodes per task not yet measured under `key`; returns {fingerprint: (passes, attempts)} of
     every task (measured now or before). Episodes without a verdict are not counted."""
     from tryloop.agent.policy import sampling_temperature
@@ -75,7 +76,7 @@ async def measure(tasks: list[Task], policy, envs, store, *, key: str, k: int, t
         with sampling_temperature(policy, temperature):
             res = await evaluate(todo, policy, envs, cfg=EvalConfig(k=k, seed=zone_seed(key, seed), limits=limits),
                                  run_id=zone_run_id(key), store=trajectories, runner=runner, spec=spec,
-                                 on_done=on_done)
+                                 on_done=on_done, on_start=on_start)
         counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for t in res.trajectories:
             if t.verdict in ("pass", "fail"):

@@ -57,8 +57,8 @@ from tryloop.train.curriculum import Curriculum
 from tryloop.train.run_config import TrainRunConfig
 from tryloop.train.staleness import VersionGate
 
-# (event, data): "zone", "zone_episode", "zone_done", "rollout", "episode", "step", "eval_start",
-# "eval_episode", "eval", "log"
+# (event, data): "zone", "zone_start", "zone_episode", "zone_done", "rollout", "episode", "step",
+# "eval_start", "eval_episode", "eval", "log"
 Hook = Callable[[str, dict[str, Any]], None]
 
 
@@ -406,7 +406,8 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             counts = await measure(train_all + eval_all, policy, envs, store, key=key, k=tcfg.zone_k,
                                    temperature=zone_t, limits=tcfg.limits, runner=runner,
                                    spec=spec, trajectories=trajectories, seed=zone_seed_of(tcfg),
-                                   on_done=lambda t: emit("zone_episode", {"trajectory": t}))
+                                   on_done=lambda t: emit("zone_episode", {"trajectory": t}),
+                                   on_start=lambda n, stored: emit("zone_start", {"episodes": n, "stored": stored}))
             _set_meta(runner)
             _raise_fatal(runner)
             if remote is not None:
@@ -459,12 +460,13 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
             run_id = f"{_eval_prefix(tcfg, name)}-{step}"
             ecfg = EvalConfig(k=k, concurrency=tcfg.concurrency, seed=tcfg.seed, limits=tcfg.limits)
             _set_meta(runner, remote, weights=policy.version, temperature=temperature)   # what Ray workers sample with
-            emit("eval_start", {"step": step, "name": name, "total": len(tasks) * k})
             try:
                 with sampling_temperature(policy, temperature):
                     res = await evaluate(tasks, policy, envs, cfg=ecfg, run_id=run_id, store=trajectories,
                                          runner=runner, spec=spec,
-                                         on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}))
+                                         on_done=lambda t: emit("eval_episode", {"trajectory": t, "name": name}),
+                                         on_start=lambda n, stored: emit("eval_start", {
+                                             "step": step, "name": name, "episodes": n, "stored": stored}))
             finally:
                 _set_meta(runner)
             _raise_fatal(runner)

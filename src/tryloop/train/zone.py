@@ -103,7 +103,8 @@ class ZoneMeasurement:
 
 
 async def measure_zone(cfg: TryloopConfig, tcfg: TrainRunConfig, tasks: list[Task], *,
-                       on_done: Callable[[Any], None] | None = None) -> ZoneMeasurement:
+                       on_done: Callable[[Any], None] | None = None,
+                       on_start: Callable[[int, int], None] | None = None) -> ZoneMeasurement:
     """k samples per task not yet measured under this policy and setup (kept in the task store)."""
     import torch
 
@@ -125,5 +126,5 @@ async def measure_zone(cfg: TryloopConfig, tcfg: TrainRunConfig, tasks: list[Tas
                            temperature=zone_temperature_of(tcfg), limits=tcfg.limits,
                            runner=ScheduledRunner(bounded(cfg.scheduler, tcfg.concurrency)), spec=cfg.rewards.spec,
                            trajectories=TrajectoryStore(cfg.store.trajectories_url), seed=zone_seed_of(tcfg),
-                           on_done=on_done)
+                           on_done=on_done, on_start=on_start)
     return ZoneMeasurement(key, Band(tcfg.zone_lo, tcfg.zone_hi), tasks, counts, time.perf_counter() - t0)
