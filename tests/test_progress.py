@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -30,10 +31,19 @@ def logged(every_s: float = 60.0, **kw):
     return prog, clock, out
 
 
-def test_a_terminal_gets_live_bars_and_a_log_gets_lines():
-    assert not isinstance(task_progress(Console(file=io.StringIO(), force_terminal=True)), LogProgress)
-    assert isinstance(task_progress(Console(file=io.StringIO(), force_terminal=True)), Progress)
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_live_bars_and_a_log_gets_lines(monkeypatch):
+    monkeypatch.delenv("TTY_INTERACTIVE", raising=False)
+    live = task_progress(Console(file=Tty(), force_terminal=True))
+    assert isinstance(live, Progress) and not isinstance(live, LogProgress)
     assert isinstance(task_progress(Console(file=io.StringIO(), force_terminal=False)), LogProgress)
+    # Colours forced into a log (FORCE_COLOR, TTY_COMPATIBLE), and a dumb terminal: still a log.
+    assert isinstance(task_progress(Console(file=io.StringIO(), force_terminal=True)), LogProgress)
+    assert isinstance(task_progress(Console(file=Tty(), force_terminal=True, force_interactive=False)), LogProgress)
 
 
 def test_a_bar_is_logged_at_most_once_per_interval_and_when_it_finishes():
@@ -66,6 +76,15 @@ def test_stopping_logs_where_an_unbounded_bar_got_to_and_fields_are_labelled():
         "building the functions tasks (gated): 3 done · 0:00:05 elapsed · pass 2/3 · functions/t2"]
 
 
+def test_a_bar_that_stops_short_says_where_it_stopped_without_a_time_left():
+    prog, clock, out = logged()
+    with prog:
+        bar = prog.add_task("episodes", total=10, last="")
+        clock.now += 5
+        prog.update(bar, advance=9, last="z")        # one episode failed: never counted
+    assert out.getvalue().splitlines() == ["episodes: 9/10 (90%) · 0:00:05 elapsed · z"]
+
+
 def test_the_time_left_counts_only_what_ran_since_the_bar_restarted():
     prog, clock, out = logged()
     with prog:
@@ -86,7 +105,7 @@ def test_a_reset_bar_logs_what_it_reached_before_it_starts_over():
         prog.reset(bar, total=6, completed=0, description="held-out eval (step 0)", last="")
         clock.now += 61
         prog.update(bar, advance=3, last="y")
-    assert out.getvalue().splitlines() == ["step 0 rollouts: 2/4 (50%) · 0:00:10 elapsed, ~0:00:10 left · x",
+    assert out.getvalue().splitlines() == ["step 0 rollouts: 2/4 (50%) · 0:00:10 elapsed · x",
                                            "held-out eval (step 0): 3/6 (50%) · 0:01:01 elapsed, ~0:01:01 left · y"]
 
 
@@ -103,7 +122,8 @@ def test_a_train_step_and_an_evaluation_read_as_lines():
 def test_the_cli_console_is_wide_in_a_pipe():
     # 80 columns squeeze the train and eval tables unreadably in a log.
     code = "from tryloop.cli.main import console; print(console.is_terminal, console.width)"
-    env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert res.stdout.split() == ["False", "132"], res.stderr
 

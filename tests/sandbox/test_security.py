@@ -533,6 +533,12 @@ async def test_python_fork_loop_hits_pids_limit(sandbox):
     assert len(_agent_pids(sandbox)) >= int(n), "the forked children are gone before the reset"
     await sandbox.reset()  # the sleeping children are still there; reset must clear them
     assert not _agent_pids(sandbox), f"processes survived reset: {_agent_pids(sandbox)}"
+    assert (await sandbox.exec("true")).ok
+
+
+def _pids_refused(sandbox) -> int:
+    """How many forks the pids limit has refused in this sandbox (pids.events' max counter)."""
+    return int((sandbox.cgroup.paths["pids"] / "pids.events").read_text().split()[-1])
 
 
 async def test_a_thread_bomb_hits_the_pids_limit_and_its_threads_are_counted(sandbox):
@@ -549,6 +555,7 @@ async def test_a_thread_bomb_hits_the_pids_limit_and_its_threads_are_counted(san
         "print(n, flush=True); time.sleep(30)\n"
     )
     limit = sandbox.config.limits.pids
+    refused = _pids_refused(sandbox)
     proc = await sandbox.start(["python3", "-c", code], timeout=20, stream=True)
     out = b""
     async for name, chunk in proc.stream():
@@ -558,9 +565,9 @@ async def test_a_thread_bomb_hits_the_pids_limit_and_its_threads_are_counted(san
     n = int(out)
     assert 0 < n < limit, f"started {n} threads under a pids limit of {limit}"
     assert n + 1 <= sandbox.stats()["pids"] <= limit
+    assert _pids_refused(sandbox) > refused, "the thread bomb stopped before the pids limit refused it"
     await sandbox.reset()
     assert not _agent_pids(sandbox)
-    assert (await sandbox.exec("true")).ok
 
 
 async def test_memory_bomb_is_oom_killed(sandbox):

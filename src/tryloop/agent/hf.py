@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from tryloop.errors import TryloopError
 DEFAULT_MODEL = "smollm2-135m"
 CACHE_ENV = "TRYLOOP_MODEL_CACHE"
 META_FILE = "tryloop-model.json"
+_QUIET_LOADS = threading.Lock()     # held while a local load has transformers' bars switched off
 
 
 #: Shapes whose oneDNN matmul primitives stay cached (see `bound_onednn_caches`).
@@ -250,17 +252,19 @@ def _load_local(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[A
     from transformers.utils import logging as hf_logging
 
     # A local load takes about a second: transformers' per-tensor bar would only break into the
-    # caller's progress display (and fill a log with carriage returns).
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load a causal LM from {path}: {e}") from e
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    # caller's progress display (and fill a log with carriage returns). The switch is the
+    # process's, so loads in other threads wait rather than find it flipped under them.
+    with _QUIET_LOADS:
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot load a causal LM from {path}: {e}") from e
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
     return model.to(device).eval(), tokenizer
 
 

@@ -10,11 +10,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tryloop.cli.progress import is_live
 from tryloop.config import TryloopConfig, load_yaml, parse
 from tryloop.errors import TryloopError
 
 console = Console(stderr=True)
-if not console.is_terminal and "COLUMNS" not in os.environ:
+if not is_live(console) and "COLUMNS" not in os.environ:
     # A log or a pipe: rich's default of 80 columns squeezes the result tables unreadably.
     console = Console(stderr=True, width=132)
 app = typer.Typer(help="Agent RL in verifiable environments.", no_args_is_help=True,

@@ -12,6 +12,7 @@ far, and the bar's fields (the last episode, a pass count).
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 from rich.console import Console
@@ -28,13 +29,29 @@ from rich.progress import (
 EVERY_S = 60.0
 
 
+def is_live(console: Console) -> bool:
+    """Whether a live display reaches a person: an interactive console writing to a real terminal
+    (or TTY_INTERACTIVE=1). FORCE_COLOR and TTY_COMPATIBLE make rich treat a CI job's log as a
+    terminal, and a dumb terminal or TTY_INTERACTIVE=0 is none: a live display there writes
+    nothing until it stops."""
+    if not console.is_interactive:
+        return False
+    if os.environ.get("TTY_INTERACTIVE") == "1":
+        return True
+    isatty = getattr(console.file, "isatty", None)
+    try:
+        return bool(isatty is not None and isatty())
+    except ValueError:                  # a closed file
+        return False
+
+
 def task_progress(console: Console, *, labels: dict[str, str] | None = None, every_s: float = EVERY_S,
                   **kw: Any) -> Progress:
     """A bar per task: description, bar, done/total, elapsed, the fields in `labels` (field -> label,
     e.g. {"rate": "pass"}), then the task's `last` field (its latest item). Live in a terminal,
     logged lines elsewhere."""
     labels = labels or {}
-    if not console.is_terminal:
+    if not is_live(console):
         return LogProgress(console=console, labels=labels, every_s=every_s, **kw)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     *(TextColumn(f"{label} {{task.fields[{field}]}}") for field, label in labels.items()),
@@ -55,7 +72,8 @@ class LogProgress(Progress):
         self._logged: dict[TaskID, tuple[float, float]] = {}    # task -> (time, completed) of its last line
         self._base: dict[TaskID, float] = {}     # task -> what it had done when it (re)started: not this rate's
 
-    def line(self, task_id: TaskID) -> str:
+    def line(self, task_id: TaskID, *, final: bool = False) -> str:
+        """The task's state; `final`: it ran as far as it will (no time left to estimate)."""
         task = self._tasks[task_id]
         if task.total is None:
             done = f"{task.completed:g} done"
@@ -65,7 +83,7 @@ class LogProgress(Progress):
                 done += f" ({task.completed / task.total:.0%})"
         parts = [f"{task.description}: {done}", f"{_clock(task.elapsed or 0)} elapsed"]
         ran = task.completed - self._base[task_id]
-        if task.total is not None and ran > 0 and task.completed < task.total and task.elapsed:
+        if not final and task.total is not None and ran > 0 and task.completed < task.total and task.elapsed:
             parts[-1] += f", ~{_clock(task.elapsed / ran * (task.total - task.completed))} left"
         parts += [f"{label} {task.fields[f]}" for f, label in self._labels.items() if task.fields.get(f) not in
                   (None, "")]
@@ -85,8 +103,8 @@ class LogProgress(Progress):
             if not (final or task.finished or now - last_t >= self._every_s):
                 return
             self._logged[task_id] = (now, task.completed)
-            text = self.line(task_id)
-        self.console.print(escape(text), highlight=False, soft_wrap=True)
+            # Under the lock: lines from two threads come out in the order of their counts.
+            self.console.print(escape(self.line(task_id, final=final)), highlight=False, soft_wrap=True)
 
     def _started(self, task_id: TaskID) -> None:
         done = self._tasks[task_id].completed
@@ -94,8 +112,9 @@ class LogProgress(Progress):
         self._base[task_id] = done
 
     def add_task(self, *args: Any, **kw: Any) -> TaskID:
-        task_id = super().add_task(*args, **kw)
-        self._started(task_id)
+        with self._lock:                    # an RLock: rich's own method takes it again
+            task_id = super().add_task(*args, **kw)
+            self._started(task_id)
         return task_id
 
     def update(self, task_id: TaskID, **kw: Any) -> None:     # type: ignore[override]
@@ -107,9 +126,10 @@ class LogProgress(Progress):
         self._log(task_id)
 
     def reset(self, task_id: TaskID, **kw: Any) -> None:      # type: ignore[override]
-        self._log(task_id, final=True)      # the state it reached before it starts over
-        super().reset(task_id, **kw)
-        self._started(task_id)
+        with self._lock:
+            self._log(task_id, final=True)      # the state it reached before it starts over
+            super().reset(task_id, **kw)
+            self._started(task_id)
 
     def stop(self) -> None:
         for task_id in list(self._tasks):

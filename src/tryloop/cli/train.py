@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
-from tryloop.cli.progress import task_progress
+from tryloop.cli.progress import is_live, task_progress
 
 
 def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
@@ -149,6 +149,9 @@ def _run(cfg, resume: bool) -> None:
     tc = cfg.train
     prog = task_progress(console)
     bar = prog.add_task("rollouts", total=tc.tasks_per_step * tc.group_size, last="")
+    # Evaluations count on a bar of their own: with train.overlap the next step's rollouts run
+    # while an evaluation does.
+    ebar = prog.add_task("evaluation", total=None, last="", visible=False)
 
     def render():
         from rich.console import Group
@@ -158,7 +161,7 @@ def _run(cfg, resume: bool) -> None:
     # In a terminal, a live table of steps over the bar. A log gets no live display (rich would
     # write it once, at the end): there each step and evaluation is a line as it ends, the bar
     # logs its own lines, and the table is written once when the run stops.
-    live = Live(render(), console=console, refresh_per_second=4) if console.is_terminal else None
+    live = Live(render(), console=console, refresh_per_second=4) if is_live(console) else None
 
     def hook(event: str, data: dict) -> None:
         if event == "zone_start":
@@ -167,7 +170,7 @@ def _run(cfg, resume: bool) -> None:
                        last="")
         elif event in ("zone_episode", "episode", "eval_episode"):
             t = data["trajectory"]
-            prog.update(bar, advance=1, last=f"{t.task_id}: {t.verdict}")
+            prog.update(ebar if event == "eval_episode" else bar, advance=1, last=f"{t.task_id}: {t.verdict}")
         elif event == "zone_done":
             console.print(_zone_table(data["rows"], data["train"], data["eval"]))
         elif event == "rollout":
@@ -176,14 +179,15 @@ def _run(cfg, resume: bool) -> None:
         elif event == "eval_start":
             at = "start" if data["step"] < 0 else f"step {data['step']}"
             kept = f", {data['stored']} episodes kept from before" if data["stored"] else ""
-            prog.reset(bar, total=data["episodes"], completed=0, description=f"{data['name']} eval ({at}{kept})",
-                       last="")
+            prog.reset(ebar, total=data["episodes"], completed=0, description=f"{data['name']} eval ({at}{kept})",
+                       last="", visible=True)
         elif event == "step":
             rows.append(data)
             if live is None:
                 console.print(_step_line(data), highlight=False)
         elif event == "eval":
             evals.append(data)
+            prog.update(ebar, visible=False)
             if live is None:
                 console.print(_eval_line(data), highlight=False)
         elif event == "log":
