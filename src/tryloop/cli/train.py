@@ -91,6 +91,20 @@ def ensure_gate(cfg) -> None:
     console.print(f"[green]gate approved[/] {len(out.results)} gold items in {out.wall_s:.0f}s")
 
 
+def _step_cells(m: dict) -> dict[str, str]:
+    """A step's figures as text, for the table's row and a log's line alike."""
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    return {"episodes": str(m["episodes"]), "mixed": f"{m.get('groups_mixed', '-')}/{m['groups']}",
+            "refills": str(m.get("refills", "-")), "reward": f(m["reward_mean"]), "pass": f(m["pass_rate"]),
+            "loss": f(m.get("learn_loss")), "rollout": f"{m.get('time_rollout_wall_s', 0):.0f}",
+            "update": f"{m['time_update_s']:.0f}"}
+
+
+def _at(step: int) -> str:
+    """When an evaluation ran: before training (step -1) or after a step."""
+    return "start" if step < 0 else f"step {step}"
+
+
 def _summary(rows: list[dict], evals: list[dict], status: str) -> Table:
     t = Table(title=f"training — {status}")
     for col in ("step", "episodes", "mixed", "refills", "reward", "pass", "held-out pass@1", "loss", "rollout s",
@@ -102,29 +116,25 @@ def _summary(rows: list[dict], evals: list[dict], status: str) -> Table:
         t.add_row("start", "", "", "", "", "", f"{e['pass_at_1']:.1%}" if e["pass_at_1"] is not None else "-", "",
                   "", "")
     for m in rows[-12:]:
-        e = ev.get(m["step"])
-        f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-        t.add_row(str(m["step"]), str(m["episodes"]), f"{m.get('groups_mixed', '-')}/{m['groups']}",
-                  str(m.get("refills", "-")), f(m["reward_mean"]), f(m["pass_rate"]),
+        e, c = ev.get(m["step"]), _step_cells(m)
+        t.add_row(str(m["step"]), c["episodes"], c["mixed"], c["refills"], c["reward"], c["pass"],
                   f"{e['pass_at_1']:.1%} [{e['lo']:.0%},{e['hi']:.0%}]" if e and e["pass_at_1"] is not None else "",
-                  f(m.get("learn_loss")), f"{m.get('time_rollout_wall_s', 0):.0f}", f"{m['time_update_s']:.0f}")
+                  c["loss"], c["rollout"], c["update"])
     return t
 
 
 def _step_line(m: dict) -> str:
-    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    return (f"step {m['step']}: {m['episodes']} episodes, {m.get('groups_mixed', '-')}/{m['groups']} groups mixed, "
-            f"{m.get('refills', '-')} refills, reward {f(m['reward_mean'])}, pass {f(m['pass_rate'])}, "
-            f"loss {f(m.get('learn_loss'))}, rollouts {m.get('time_rollout_wall_s', 0):.0f} s, "
-            f"update {m['time_update_s']:.0f} s")
+    c = _step_cells(m)
+    return (f"step {m['step']}: {c['episodes']} episodes, {c['mixed']} groups mixed, {c['refills']} refills, "
+            f"reward {c['reward']}, pass {c['pass']}, loss {c['loss']}, rollouts {c['rollout']} s, "
+            f"update {c['update']} s")
 
 
 def _eval_line(e: dict) -> str:
-    at = "start" if e["step"] < 0 else f"step {e['step']}"
-    name = e.get("name", "held-out")
+    head = f"{e.get('name', 'held-out')} eval ({_at(e['step'])})"
     if e["pass_at_1"] is None:
-        return f"{name} eval ({at}): no verdicts"
-    return f"{name} eval ({at}): pass@1 {e['pass_at_1']:.1%} [{e['lo']:.0%}, {e['hi']:.0%}]"
+        return f"{head}: no verdicts"
+    return f"{head}: pass@1 {e['pass_at_1']:.1%} [{e['lo']:.0%}, {e['hi']:.0%}]"
 
 
 def _zone_table(rows: list[dict], n_train: int, n_eval: int) -> Table:
@@ -177,9 +187,9 @@ def _run(cfg, resume: bool) -> None:
             prog.reset(bar, total=data["total"], completed=data["done"],
                        description=f"step {data['step']} rollouts", last="")
         elif event == "eval_start":
-            at = "start" if data["step"] < 0 else f"step {data['step']}"
             kept = f", {data['stored']} episodes kept from before" if data["stored"] else ""
-            prog.reset(ebar, total=data["episodes"], completed=0, description=f"{data['name']} eval ({at}{kept})",
+            prog.reset(ebar, total=data["episodes"], completed=0,
+                       description=f"{data['name']} eval ({_at(data['step'])}{kept})",
                        last="", visible=True)
         elif event == "step":
             rows.append(data)
