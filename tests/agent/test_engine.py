@@ -219,16 +219,24 @@ async def test_single_turn_engine_caches_prompts_not_completions(smollm2, prompt
         assert eng.stats().prefix_hit_tokens == 2 * len(prompts[0]) - 1  # the prompt, not the completion
 
 
-def test_single_turn_policy_sizes_the_prefix_cache_to_a_batch(smollm2):
+async def test_single_turn_policy_keeps_a_batch_of_prompts(smollm2, prompts):
+    """Single-turn, the prefix cache holds at most a batch's worth of prompts (the ones a group's
+    samples still to come can share), whatever their length: a byte budget sized for full contexts
+    filled to a gigabyte with prompts nothing read again."""
     # float32: the model as loaded (an engine casts its model in place to another dtype).
-    multi = HFPolicy(smollm2, max_context=1024, max_batch=8, dtype="float32")
-    single = HFPolicy(smollm2, max_context=1024, max_batch=8, dtype="float32", multi_turn=False)
+    multi = HFPolicy(smollm2, max_context=1024, max_batch=2, dtype="float32")
+    single = HFPolicy(smollm2, max_context=1024, max_batch=2, dtype="float32", multi_turn=False)
     try:
         assert multi.engine.cache_completions and multi.engine._prefixes.budget_bytes == 1024 * 2**20
+        assert multi.engine._prefixes.max_entries is None
+        assert not single.engine.cache_completions
+        for p in prompts[:3]:
+            await single.engine.generate(p, max_new_tokens=2, temperature=0, stop_token_ids=[])
         per_token = 2 * 30 * 3 * 64 * 4                    # layers x (k, v) x kv heads x head dim x fp32
         assert kv_bytes_per_token(single.engine.model) == per_token
-        assert not single.engine.cache_completions
-        assert single.engine._prefixes.budget_bytes == per_token * 8 * 1024
+        held = [e.tokens for e in single.engine._prefixes._entries]
+        assert len(held) == 2 and all(h in prompts[:3] for h in held)      # a batch of 2: one went
+        assert single.engine.stats().prefix_cache_bytes == per_token * sum(map(len, held))
     finally:
         multi.close()
         single.close()
@@ -282,3 +290,19 @@ def test_prefix_cache_keeps_the_longest_and_the_most_recent():
     assert len(cache) == 2 and cache.lookup(a, limit=100) == (None, 0)
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_prefix_cache_holds_at_most_max_entries():
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]
+
+    cache = PrefixCache(budget_bytes=2**20, max_entries=2)
+    a, b, c = [1] * 20, [2] * 20, [3] * 20
+    cache.add(a, kv(20))
+    cache.add(b, kv(20))
+    assert cache.lookup(a, limit=100)[1] == 20          # a is now the most recently used
+    cache.add(c, kv(20))                                # over two entries: b, the least recent, goes
+    assert len(cache) == 2 and cache.nbytes == 2 * 32 * 20
+    assert cache.lookup(b, limit=100) == (None, 0) and cache.lookup(a, limit=100)[1] == 20
+    with pytest.raises(ValueError, match="max_entries"):
+        PrefixCache(budget_bytes=100, max_entries=0)

@@ -207,12 +207,15 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16,
                  weights_version: str = "initial", num_threads: int | None = None,
-                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, dtype: torch.dtype | str | None = None,
-                 kv_block: int = 64, cache_completions: bool = True, cpu_kernels: bool = True,
+                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, prefix_cache_entries: int | None = None,
+                 dtype: torch.dtype | str | None = None, kv_block: int = 64, cache_completions: bool = True, cpu_kernels: bool = True,
                  name: str = "tryloop-engine") -> None:
         """`num_threads`, if given, sets torch's CPU thread count for the whole process
         (torch has one pool). On 2 cores shared with other work, 1 thread decoded ~7x
         faster than 2: OpenMP's barriers wait for whichever thread lost its core.
+
+        `prefix_cache_entries`: at most this many sequences in the prefix cache besides its
+        `prefix_cache_mb` (None: the bytes alone bound it).
 
         `cache_completions`: keep each finished sequence's keys/values for a next prompt that
         extends it (an agent's next turn). Off where no request continues a finished sequence
@@ -260,7 +263,7 @@ class Engine:
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Row] = []
         self._cache: _SlotCache | None = None  # the batch's KV cache, rows in `_rows` order
-        self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20))
+        self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20), prefix_cache_entries)
         self.cache_completions = cache_completions
         self._closed = False
         self._parked: list[tuple[Any, int]] = []   # (storage, bytes) of weights freed by `park`

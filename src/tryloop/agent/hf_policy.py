@@ -78,12 +78,7 @@ class HFPolicy:
         `multi_turn` False: every session ends after one turn (limits.max_turns 1), so the engine
         keeps no finished turn for a next one, and its prefix cache only the prompts a full batch
         can share. `cpu_kernels`: see `Engine`."""
-        from tryloop.agent.engine import (
-            DEFAULT_PREFIX_CACHE_MB,
-            Engine,
-            kv_bytes_per_token,
-            model_context,
-        )
+        from tryloop.agent.engine import DEFAULT_PREFIX_CACHE_MB, Engine
         from tryloop.agent.hf import resolve_engine_dtype
 
         self.loaded = loaded
@@ -91,16 +86,15 @@ class HFPolicy:
         self.chat = ChatTokenizer(loaded.tokenizer)
         if engine is None:
             engine_dtype = resolve_engine_dtype(dtype, loaded.device)
-            cache_mb = DEFAULT_PREFIX_CACHE_MB
-            if not multi_turn:
-                # Prompts are reused only by requests still to come for the same group, a batch's
-                # worth at most; a larger budget fills with prompts nothing reads again (LRU evicts
-                # only when full) beside the learner's weights and optimizer state.
-                cache_mb = min(cache_mb, kv_bytes_per_token(loaded.model, engine_dtype) * max_batch
-                               * min(max_context, model_context(loaded.model)) / 2**20)
+            # Single-turn, prompts are reused only by requests still to come for the same group,
+            # a batch's worth at most: more entries would be prompts nothing reads again, kept
+            # (LRU evicts only when full) beside the learner's weights and optimizer state. A
+            # bound in bytes cannot say this: prompts are far shorter than the context.
             engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch,
                             weights_version=loaded.weights_version, num_threads=num_threads,
-                            dtype=engine_dtype, prefix_cache_mb=cache_mb, cache_completions=multi_turn,
+                            dtype=engine_dtype, prefix_cache_mb=DEFAULT_PREFIX_CACHE_MB,
+                            prefix_cache_entries=None if multi_turn else max_batch,
+                            cache_completions=multi_turn,
                             cpu_kernels=cpu_kernels)
         self.engine = engine
         self.name = loaded.name

@@ -23,15 +23,19 @@ class CachedPrefix:
 class PrefixCache:
     """Keys/values of token sequences seen recently, found by longest common prefix.
 
-    Used only by the worker thread. Holds at most `budget_bytes`; the least
-    recently used entries go first, and an entry that is a prefix of a new one is
-    replaced by it (the new one serves every lookup the old one could).
+    Used only by the worker thread. Holds at most `budget_bytes` and, when given,
+    `max_entries` sequences; the least recently used entries go first, and an entry
+    that is a prefix of a new one is replaced by it (the new one serves every lookup
+    the old one could).
     """
 
     MIN_HIT = 16                              # shorter matches are not worth a lookup's copies
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, max_entries: int | None = None) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError("max_entries must be >= 1 (or None: no limit)")
         self.budget_bytes = budget_bytes
+        self.max_entries = max_entries
         self._entries: list[CachedPrefix] = []     # least recently used first
         self.nbytes = 0
 
@@ -64,7 +68,8 @@ class PrefixCache:
             self._remove(old)
         self._entries.append(CachedPrefix(list(tokens), kv, nbytes))
         self.nbytes += nbytes
-        while self.nbytes > self.budget_bytes:
+        while self.nbytes > self.budget_bytes or (self.max_entries is not None
+                                                   and len(self._entries) > self.max_entries):
             self._remove(self._entries[0])
 
     def clear(self) -> None:
