@@ -141,6 +141,25 @@ def test_store_versions_queries_stats_and_errors(tmp_path):
         store.get("nope/nope")
 
 
+def test_a_task_by_its_whole_fingerprint_reads_its_own_index_file_only(tmp_path, monkeypatch):
+    """Loading a suite task by task (its entries' fingerprints) read the whole index for each task:
+    886 tasks took minutes. A whole fingerprint names its index file."""
+    store = TaskStore(tmp_path / "store")
+    e1 = store.add(make_task(tmp_path / "w1"))
+    e2 = store.add(make_task(tmp_path / "w2", bug=("a + b", "a * b")))
+    store.update_meta(e1.fingerprint, split="eval")
+
+    def whole_index():
+        raise AssertionError("the whole index was read")
+
+    monkeypatch.setattr(store, "entries", whole_index)
+    task = store.get(e1.fingerprint)
+    assert task.fingerprint() == e1.fingerprint and task.meta.split == "eval"   # the old version, its meta
+    assert store.get(e2.fingerprint).fingerprint() == e2.fingerprint
+    monkeypatch.undo()
+    assert store.get("calc/add-minus").fingerprint() == e2.fingerprint          # by id: still the newest
+
+
 def test_a_damaged_store_file_is_named_and_nothing_stored_is_lost(tmp_path):
     store = TaskStore(tmp_path / "store")
     e = store.add(make_task(tmp_path / "w"))

@@ -211,8 +211,13 @@ class TaskStore:
 
     def get(self, task_id_or_fp: str) -> Task:
         """A task by id (newest version) or by (a prefix of) its fingerprint, as a local directory."""
-        vs = self.versions(task_id_or_fp)
-        entry = vs[-1] if vs else self.entry(task_id_or_fp)
+        if len(task_id_or_fp) == 64 and self.has(task_id_or_fp):
+            # A whole fingerprint names its index file: read that one, not the whole index (callers
+            # loading a suite by its entries' fingerprints would read it once per task).
+            entry = self.entry(task_id_or_fp)
+        else:
+            vs = self.versions(task_id_or_fp)
+            entry = vs[-1] if vs else self.entry(task_id_or_fp)
         remote = f"{self.base}/tasks/{_key(entry.id)}/{entry.fingerprint}"
         if self.local:
             local = Path(remote)
