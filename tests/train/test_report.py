@@ -140,7 +140,7 @@ def test_new_fields_render_every_section():
     assert re.findall(r"<td >(e/\d|h/\d)</td>", changed) == ["e/0", "e/1", "e/4", "e/7", "e/3", "h/0"]
     assert "gained" in changed and "lost" in changed
     # Headline numbers.
-    assert "4,500 MB" in doc                                  # peak RSS, max over steps
+    assert "4,500 MiB" in doc                                  # peak RSS, max over steps
     assert "4 / 1 (p=0.375)" in doc
     # Time: other = 25 + s - (10 + 3 + 2 + 4) = 6 + s; summed over 6 steps = 51.
     assert "51 s" in doc

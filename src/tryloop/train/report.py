@@ -197,7 +197,7 @@ def _headline(metrics: list[Row], trend: Any, sets: dict[str, list[Row]],
             out[f"{name} gained / lost (sign p)"] = f"{c.test.wins} / {c.test.losses} (p={c.test.p_value:.3g})"
     rss = [m["peak_rss_mb"] for m in metrics if _num(m.get("peak_rss_mb"))]
     if rss:
-        out["peak memory (RSS)"] = f"{max(rss):,.0f} MB"
+        out["peak memory (RSS)"] = f"{max(rss):,.0f} MiB"
     wall = [m["time_step_s"] for m in metrics if _num(m.get("time_step_s"))]
     if wall:
         out["wall time (steps)"] = f"{sum(wall) / 60:,.1f} min"
@@ -431,8 +431,8 @@ def _time_and_memory(r: Report, metrics: list[Row]) -> None:
 def _memory(r: Report, metrics: list[Row]) -> None:
     rss = [(m["step"], m.get("peak_rss_mb") if _num(m.get("peak_rss_mb")) else None) for m in metrics]
     if any(v is not None for _, v in rss):
-        r.add_line_chart("Peak memory (RSS) per step", {"peak RSS": rss}, y_label="MB",
-                         caption=f"Highest: {max(v for _, v in rss if v is not None):,.0f} MB.")
+        r.add_line_chart("Peak memory (RSS) per step", {"peak RSS": rss}, y_label="MiB",
+                         caption=f"Highest: {max(v for _, v in rss if v is not None):,.0f} MiB.")
     p50 = [m["verify_p50_s"] for m in metrics if _num(m.get("verify_p50_s"))]
     p99 = [m["verify_p99_s"] for m in metrics if _num(m.get("verify_p99_s"))]
     if p50 or p99:
@@ -459,7 +459,7 @@ def _training_internals(r: Report, metrics: list[Row]) -> None:
         return f"{g - (m.get('groups_dropped') or 0)}/{g}" if _num(g) else "-"
 
     r.add_table("Steps", ["step", "episodes", "reward [95% CI]", "pass rate [95% CI]", "groups kept", "mixed",
-                          "refills", "masked", "loss", "step s", "update s", "peak RSS MB"],
+                          "refills", "masked", "loss", "step s", "update s", "peak RSS MiB"],
                 [[m.get("step"), m.get("episodes"), _ci(m.get("reward_mean"), m.get("reward_lo"), m.get("reward_hi")),
                   _ci(m.get("pass_rate"), m.get("pass_lo"), m.get("pass_hi")), kept(m), m.get("groups_mixed"),
                   m.get("refills"), m.get("masked"), _f(m.get("learn_loss")), _f(m.get("time_step_s"), ".1f"),

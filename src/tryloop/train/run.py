@@ -202,7 +202,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 _GAUGED = {"step": "the last finished step", "reward_mean": "mean reward of the step's episodes",
            "pass_rate": "share of the step's judged episodes that passed", "groups_mixed": "groups whose "
            "rewards differ", "refills": "groups drawn again because all rewards were equal",
-           "time_step_s": "wall-clock seconds of the step", "peak_rss_mb": "peak resident memory of the process"}
+           "time_step_s": "wall-clock seconds of the step", "peak_rss_mb": "peak resident memory of the process, MiB"}
 
 
 def _train_gauges(registry) -> dict[str, Gauge]:
