@@ -446,6 +446,23 @@ async def test_a_fork_whose_caller_stopped_waiting_still_counts(sb):
         assert again.read_file("one.txt") == b"1" and again.read_file("two.txt") == b"2"
 
 
+async def test_a_cancel_that_lands_with_the_reply_is_not_lost():
+    """The sandbox's waits on its init's replies keep a cancellation that lands in the same turn
+    as the reply. asyncio.wait_for (Python 3.11) returns the reply instead: the fork above then
+    started its child for a caller that had stopped waiting, and the child was left open."""
+    from tryloop.sandbox.sandbox import _within
+
+    reply = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(_within(reply, 5))
+    await asyncio.sleep(0)                     # the task waits on the reply
+    reply.set_result("rotated")
+    waiting.cancel()                           # the caller stops waiting as the reply comes in
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    with pytest.raises(TimeoutError):
+        await _within(asyncio.get_running_loop().create_future(), 0.01)
+
+
 async def test_a_fork_cancelled_as_its_children_start_leaves_none_open(sb, monkeypatch):
     """A cancellation can land after a child has started but before the fork returns it:
     the children already started are closed, not left running with nobody holding them."""

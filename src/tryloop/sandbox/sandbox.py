@@ -131,8 +131,8 @@ class Sandbox:
         pid_fut = self._expect(P.R_PID, 0)
         ready_fut = self._expect(P.R_READY, 0)
         try:
-            self._adopt(await asyncio.wait_for(asyncio.shield(pid_fut), timeout))
-            await asyncio.wait_for(ready_fut, timeout)
+            self._adopt(await _within(asyncio.shield(pid_fut), timeout))
+            await _within(ready_fut, timeout)
         except BaseException:
             ready_fut.cancel()
             if self._pidfd < 0:
@@ -212,7 +212,7 @@ class Sandbox:
         fut = self._loop.create_future()
         self._loop.add_reader(self._pidfd, lambda: fut.done() or fut.set_result(None))
         try:
-            await asyncio.wait_for(fut, timeout)
+            await _within(fut, timeout)
         except TimeoutError:
             _pidfd_kill(self._pidfd)
             await asyncio.sleep(0.01)
@@ -362,7 +362,7 @@ class Sandbox:
         fut = self._expect(P.R_PONG, rid)
         try:
             self._send(P.encode_simple(P.OP_PING, rid))
-            await asyncio.wait_for(fut, 2.0)
+            await _within(fut, 2.0)
             return True
         except (SandboxError, TimeoutError):
             return False
@@ -556,7 +556,7 @@ class Sandbox:
         # the new zygote's socket before its reset report).
         self._drop_zygote()
         self._send(P.encode_simple(P.OP_RESET, rid))
-        reply = await asyncio.wait_for(fut, 30)
+        reply = await _within(fut, 30)
         self.cgroup.reset_peak()
         self.resets += 1
         return reply.wall_ns / 1e9
@@ -656,7 +656,7 @@ class Sandbox:
         zsock, self._zsock = self._zsock, None
         try:
             self._send(P.encode_simple(P.OP_ROTATE, rid))
-            reply = await asyncio.wait_for(fut, 30)
+            reply = await _within(fut, 30)
         finally:
             if self._zsock is None and zsock is not None and zsock.fileno() >= 0 and self.alive:
                 self._zsock = zsock  # no new zygote came: the old one still serves
@@ -678,7 +678,7 @@ class Sandbox:
         fut = self._expect(P.R_EXPORT, rid)
         try:
             self._send(P.encode_simple(P.OP_EXPORT, rid, layer.index, flags=layer.generation))
-            got = await asyncio.wait_for(fut, 10)
+            got = await _within(fut, 10)
         except SandboxClosed as e:  # closed before or while lending: the fork copies instead
             raise LayerGone(str(e)) from None
         if isinstance(got, P.Reply):
@@ -753,6 +753,14 @@ class Sandbox:
     def __repr__(self) -> str:
         state = "alive" if self.alive else (self._dead_reason or "closed")
         return f"<Sandbox {self.id} snapshot={self.snapshot.id[:12]} {state}>"
+
+
+async def _within(aw: Any, timeout: float) -> Any:
+    """`await aw`, raising TimeoutError after `timeout` s. Not `asyncio.wait_for`: before Python
+    3.12, a caller cancelled just as the result arrives gets the result and loses the cancellation,
+    so a fork or a start whose caller stopped waiting went on and handed sandboxes to nobody."""
+    async with asyncio.timeout(timeout):
+        return await aw
 
 
 def _send_msg(sock: socket.socket, data: bytes, fds: Sequence[int]) -> bool | OSError:
