@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -150,9 +151,11 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     cfg = load_yaml(write_config(train_root, run_id="short", concurrency=2))   # the group's two at once
     # Its metrics are served while it runs (any free port) and scraped after each step.
     cfg = cfg.model_copy(update={"telemetry": cfg.telemetry.model_copy(update={"metrics_port": 0})})
-    url, scraped = [], []
+    url, scraped, logs = [], [], []
 
     def hook(event, data):
+        if event == "log":
+            logs.append(data["message"])
         if event == "log" and data["message"].startswith("metrics: "):
             url.append(data["message"].removeprefix("metrics: "))
         if event == "step":
@@ -161,6 +164,10 @@ def test_a_real_short_run_takes_optimizer_steps(train_root, tmp_path):
     res = asyncio.run(train(cfg, cfg.train, hook=hook))
     assert res.steps_done == 2 and len(res.metrics) == 2
     assert len(scraped) == 2 and "tryloop_train_step 1.0" in scraped[-1]
+    # The task counts say how many held-out tasks there are, and that train.eval_tasks leaves them out.
+    counted = next(m for m in logs if "approved by the gate" in m)
+    assert re.match(r"\d+ train / [1-9]\d* held-out tasks \(0 of the held-out evaluated: train.eval_tasks\)",
+                    counted), counted
     assert "tryloop_pool_acquire_total{" in scraped[-1] and "tryloop_scheduler_" in scraped[-1]
     with pytest.raises(OSError):     # the server went with the run
         urllib.request.urlopen(url[0], timeout=2)

@@ -424,7 +424,9 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
         warning = no_heldout_warning(tcfg, len(eval_all), len(eval_tasks))
         if warning:
             emit("log", {"message": warning})
-        if tcfg.eval_tasks is not None:
+        counted = f"{len(train_tasks)} train / {len(eval_tasks)} held-out tasks{' in the learning zone' if tcfg.zone else ''}"
+        if tcfg.eval_tasks is not None and tcfg.eval_tasks < len(eval_tasks):
+            counted += f" ({tcfg.eval_tasks} of the held-out evaluated: train.eval_tasks)"
             eval_tasks = eval_tasks[: tcfg.eval_tasks]
         by_fp = {t.fingerprint(): t for t in train_tasks}
         manifest = {"run_id": tcfg.run_id, "code_revision": code_revision(), "verifier_code": code_version(),
@@ -432,9 +434,7 @@ async def train(cfg: TryloopConfig, tcfg: TrainRunConfig, *, resume: bool = Fals
                     "train_tasks": sorted(by_fp), "eval_tasks": sorted(t.fingerprint() for t in eval_tasks),
                     "check_tasks": len(check_tasks),
                     "config": {"train": tcfg.model_dump(mode="json"), "rewards": cfg.rewards.model_dump(mode="json")}}
-        emit("log", {"message": f"{len(train_tasks)} train / {len(eval_tasks)} held-out tasks"
-                                f"{' in the learning zone' if tcfg.zone else ''}; reward version {spec_ver} "
-                                "approved by the gate"})
+        emit("log", {"message": f"{counted}; reward version {spec_ver} approved by the gate"})
 
         curriculum = Curriculum(sorted(by_fp), window=tcfg.window, explore=tcfg.explore, seed=tcfg.seed,
                                 prior=prior)
