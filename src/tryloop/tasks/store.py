@@ -181,9 +181,9 @@ class TaskStore:
         return out
 
     def entry(self, fingerprint: str) -> Entry:
-        if len(fingerprint) == 64 and self.has(fingerprint):
-            doc = self._read_json(f"index/{fingerprint}.json")
-            return Entry(doc["id"], fingerprint, TaskMeta.model_validate(doc["meta"]), doc["added"], doc.get("gate", {}))
+        found = self._indexed(fingerprint)
+        if found is not None:
+            return found
         matches = [e for e in self.entries() if e.fingerprint.startswith(fingerprint)]
         if len(matches) != 1:
             raise TaskNotFound(fingerprint, self.url)
@@ -211,11 +211,10 @@ class TaskStore:
 
     def get(self, task_id_or_fp: str) -> Task:
         """A task by id (newest version) or by (a prefix of) its fingerprint, as a local directory."""
-        if len(task_id_or_fp) == 64 and self.has(task_id_or_fp):
-            # A whole fingerprint names its index file: read that one, not the whole index (callers
-            # loading a suite by its entries' fingerprints would read it once per task).
-            entry = self.entry(task_id_or_fp)
-        else:
+        # A whole fingerprint first: its own index file, not the whole index (callers loading a
+        # suite by its entries' fingerprints would read that once per task).
+        entry = self._indexed(task_id_or_fp)
+        if entry is None:
             vs = self.versions(task_id_or_fp)
             entry = vs[-1] if vs else self.entry(task_id_or_fp)
         remote = f"{self.base}/tasks/{_key(entry.id)}/{entry.fingerprint}"
@@ -240,6 +239,13 @@ class TaskStore:
                 if line.strip()]
 
     # ---- helpers ---------------------------------------------------------------
+
+    def _indexed(self, fingerprint: str) -> Entry | None:
+        """The entry of a whole fingerprint, read from its own index file (None: no such file)."""
+        if len(fingerprint) != 64 or not self.has(fingerprint):
+            return None
+        doc = self._read_json(f"index/{fingerprint}.json")
+        return Entry(doc["id"], fingerprint, TaskMeta.model_validate(doc["meta"]), doc["added"], doc.get("gate", {}))
 
     def _write_json(self, rel: str, doc: dict[str, Any]) -> None:
         path = f"{self.base}/{rel}"
