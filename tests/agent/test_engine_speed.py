@@ -221,9 +221,10 @@ def test_engine_dtype_config():
 
 # --- the benchmark's arithmetic ---------------------------------------------------------------------
 
-def test_generation_bench_helpers(smollm2, tmp_path):
+def test_generation_bench_helpers(smollm2, tmp_path, monkeypatch):
     from tryloop.bench.generation import (
         _weighted_pct,
+        decode_gemm_seconds,
         flops_per_token,
         linear_shapes,
         train_step_split,
@@ -237,6 +238,22 @@ def test_generation_bench_helpers(smollm2, tmp_path):
     assert flops_per_token(smollm2.model, 0) == pytest.approx(2 * non_embedding + 2 * emb, rel=1e-3)
     assert flops_per_token(smollm2.model, 100) > flops_per_token(smollm2.model, 0)
     assert linear_shapes(smollm2.model)[(cfg.hidden_size, cfg.vocab_size)] == 1
+    # The decode-GEMM floor streams every Linear's own weights, each with M rows (a decode step's
+    # reads), not one matrix per shape over and over (which sits in cache).
+    seen: list[tuple[int, int]] = []
+    real_linear = torch.nn.functional.linear
+
+    def counting(x, w, b=None):
+        seen.append((w.data_ptr(), x.shape[0]))
+        return real_linear(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counting)
+    assert decode_gemm_seconds(smollm2.model, torch.float32, 3, min_s=0.0) > 0
+    monkeypatch.undo()
+    weights = [m.weight.data_ptr() for m in smollm2.model.modules() if isinstance(m, torch.nn.Linear)]
+    timed = [(p, m) for p, m in seen if p in set(weights)]      # the packing probe's aside
+    assert len(timed) % len(weights) == 0 and len(timed) >= 2 * len(weights)
+    assert [p for p, _ in timed[:len(weights)]] == weights and {m for _, m in timed} == {3}
     prompts = training_prompts(smollm2.tokenizer, 3)
     assert len(prompts) == 3 and 200 < len(prompts[0]) < 800 and prompts[0] != prompts[1]
     assert _weighted_pct([(1.0, 1), (2.0, 3)], 0.5) == 2.0 and _weighted_pct([], 0.5) == 0.0

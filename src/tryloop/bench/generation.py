@@ -14,8 +14,9 @@ the machine has fast bf16), the same workload goes through
   floors     the model's forward FLOPs per token (2 x every Linear's weights, the
              lm head included, + the attention's 4 x heads x head_dim x context per
              layer) at (1) the machine's peak matmul rate (a large GEMM in that
-             dtype) and (2) the rate of the decode's own GEMM shapes: every Linear
-             timed at M = c rows (plain or packed, the faster), attention at the peak rate.
+             dtype) and (2) the rate of the decode's own GEMMs: every Linear of the
+             model in order on its own weights at M = c rows (plain or packed, the
+             faster), attention at the peak rate.
 
 The workload is the training run's first turn: the chat-templated system prompt
 of `tryloop.agent.episode.system_prompt` for a function-level task (answer-file
@@ -161,20 +162,29 @@ def flops_per_token(model: Any, context: float) -> float:
 
 
 def decode_gemm_seconds(model: Any, dtype: torch.dtype, rows: int, *, min_s: float = 0.05) -> float:
-    """Seconds of one decode step's Linear layers at M = `rows`, each shape timed on its own: the
-    faster of torch's `linear` and the engine's packed weights (where packing is exact)."""
+    """Seconds of one decode step's Linear layers at M = `rows`: every Linear of the model in order
+    on its own weights, so they stream from memory as in a decode step (one shape timed over and
+    over on one matrix would sit in cache: at one row that read as twice the speed), through
+    torch's `linear` or the engine's packed weights where packing is exact (the faster)."""
     from tryloop.agent.packed_linear import packed_linear_fn, packing_exact
 
-    packed = packing_exact(dtype, rows)
-    total = 0.0
-    for (i, o), n in linear_shapes(model).items():
-        x, w = torch.randn(rows, i).to(dtype), torch.randn(o, i).to(dtype)
-        t = _timeit(lambda x=x, w=w: torch.nn.functional.linear(x, w), min_s)
-        if packed:
-            fn = packed_linear_fn(w, rows)
-            t = min(t, _timeit(lambda x=x, fn=fn: fn(x), min_s))
-        total += n * t
-    return total
+    weights = [m.weight.detach().to(dtype) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w in weights}
+
+    def plain() -> None:
+        for w in weights:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    seconds = _timeit(plain, min_s)
+    if packing_exact(dtype, rows):
+        fns = [(packed_linear_fn(w, rows), inputs[w.shape[1]]) for w in weights]
+
+        def packed() -> None:
+            for fn, x in fns:
+                fn(x)
+
+        seconds = min(seconds, _timeit(packed, min_s))
+    return seconds
 
 
 def machine_info() -> dict[str, Any]:
