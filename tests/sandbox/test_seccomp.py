@@ -129,6 +129,7 @@ def test_describe() -> None:
     assert "mount: EPERM" in lines and "getcwd: EPERM" in lines
     assert any(line.startswith("clone:") and "CLONE_NEWUSER" in line for line in lines)
     assert any(line.startswith("clone3: ENOSYS") for line in lines)
+    assert any(line.startswith("io_setup, ") and "ENOSYS" in line for line in lines)
     assert any(line.startswith("socket:") and "AF_INET6" in line for line in lines)
     assert any("does not know" in line and "ENOSYS" in line for line in lines)
     arm = describe(arch="aarch64")
@@ -216,7 +217,7 @@ def test_semantics(arch: str) -> None:
     # Every number of the table that is neither allowed nor ruled is EPERM ...
     known = set(t.values())
     for name, nr in t.items():
-        if name not in ALLOWED and name not in seccomp.ARG_RULES and name != "clone3":
+        if name not in ALLOWED and name not in seccomp.ARG_RULES and name != "clone3" and name not in seccomp.AIO:
             assert run_bpf(prog, nr, audit) == EPERM, name
     # ... and every number it does not know is ENOSYS: holes, the future, x32, garbage.
     unknown = [n for n in range(0, 1100) if n not in known]
@@ -230,6 +231,9 @@ def test_semantics(arch: str) -> None:
     assert verdict("clone", CLONE_NEWNET) == EPERM
     assert verdict("clone", CLONE_NEWNS | (1 << 40)) == EPERM
     assert verdict("clone3") == ENOSYS
+    # Linux AIO: one host-wide pool of contexts; ENOSYS, as on a kernel without it.
+    for name in seccomp.AIO:
+        assert name not in ALLOWED and verdict(name) == ENOSYS, name
 
     assert verdict("ioctl", 1, 0x5412) == EPERM  # TIOCSTI
     assert verdict("ioctl", 1, 0x541C) == EPERM  # TIOCLINUX

@@ -1104,10 +1104,15 @@ async def test_syscalls_outside_the_allow_list_are_refused(sandbox):
     )
     probes["unknown"] = (max(table.values()) + 29,)
     probes["clone3"] = (table["clone3"], 0, 0)
+    # Linux AIO: its contexts are one host-wide limit (fs.aio-max-nr) that one sandbox could
+    # take from the host and every other sandbox; io_setup(1, &ctx) is refused like a kernel
+    # without AIO.
+    probes["io_setup"] = (table["io_setup"], 1, "ids")
     res = await sandbox.exec(["python3", "-c", code, json.dumps(probes)], timeout=15)
     assert res.ok, _desc(res)
     out = json.loads(res.text())
     assert out.pop("unknown") == "ENOSYS" and out.pop("clone3") == "ENOSYS", _desc(res)
+    assert out.pop("io_setup") == "ENOSYS", _desc(res)
     assert out == dict.fromkeys(out, "EPERM"), f"a syscall outside the allow-list ran: {out}"
     # What needs clone3's fallback still works: threads and subprocesses.
     res = await sandbox.exec(["python3", "-c", "import subprocess, threading; t = threading.Thread(target=print);"

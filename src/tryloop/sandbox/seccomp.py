@@ -11,8 +11,10 @@ pytest, pip) needs; a few of them are allowed only for some argument values (`_A
 clone without namespace flags, socket and socketpair for unix/inet/inet6 only, ioctl without
 terminal input injection, personality). Every other syscall the arch's table knows fails with
 EPERM. A number the table does not know (a syscall newer than this file, or a hole in the
-numbering) fails with ENOSYS, as does clone3: ENOSYS is what makes glibc and others fall back
-to the older call they can do without, where EPERM would be taken as a real refusal.
+numbering) fails with ENOSYS, as do clone3 and Linux AIO (io_setup and the rest): ENOSYS is what
+makes glibc and others fall back to the older call they can do without (clone; threads or plain
+reads and writes for AIO, as on a kernel built without it), where EPERM would be taken as a real
+refusal.
 
 The program is a classic-BPF `struct sock_filter[]` (8 bytes each: u16 code, u8 jt, u8 jf,
 u32 k). After the ABI check it is a binary search over the syscall number: the numbers are
@@ -80,8 +82,7 @@ ALLOWED: tuple[str, ...] = (
     "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2",
     "eventfd", "eventfd2", "signalfd", "signalfd4", "timerfd_create", "timerfd_settime",
     "timerfd_gettime", "inotify_init", "inotify_init1", "inotify_add_watch",
-    "inotify_rm_watch", "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents",
-    "io_pgetevents", "memfd_create",
+    "inotify_rm_watch", "memfd_create",
     # memory
     "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mincore",
     "remap_file_pages", "mlock", "mlock2", "munlock", "mlockall", "munlockall", "membarrier",
@@ -429,8 +430,14 @@ _EAFNOSUPPORT = 97  # same value on x86_64 and aarch64
 _BUILD_ARG_RULES: Mapping[str, tuple[_Insn, ...]] = MappingProxyType(
     {"socket": _socket_body(other_family=_ret(_RET_ERRNO | _EAFNOSUPPORT))})
 # clone3's flags are in memory BPF cannot read; ENOSYS makes glibc fall back to clone.
-_ENOSYS_NAMES = frozenset({"clone3"})
-_CLONE3_LINE = "clone3: ENOSYS (its flags are in memory BPF cannot read; glibc falls back to clone)"
+# Linux AIO contexts count against one host-wide limit (fs.aio-max-nr), charged to no cgroup:
+# one sandbox's io_setup calls could take them all from the host and every other sandbox.
+# ENOSYS is a kernel without AIO, which libaio's users (databases, qemu) fall back from.
+AIO = ("io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents")
+_ENOSYS_NAMES = frozenset({"clone3", *AIO})
+_ENOSYS_LINES = ("clone3: ENOSYS (its flags are in memory BPF cannot read; glibc falls back to clone)",
+                 f"{', '.join(AIO)}: ENOSYS (AIO contexts are one host-wide limit, fs.aio-max-nr; "
+                 "as on a kernel without AIO, programs fall back)")
 
 
 def _resolve_arch(arch: str | None) -> str:
@@ -467,8 +474,8 @@ def verdicts(extra_deny: Iterable[str] = (), arch: str | None = None) -> dict[st
 
 
 def _table_verdicts(extra: tuple[str, ...], arch: str, build: bool = False) -> dict[str, tuple[_Verdict, int]]:
-    """The verdict of each syscall `arch`'s table knows. clone3 keeps ENOSYS even when listed
-    in extra_deny: EPERM would stop glibc's fallback to clone and so break thread creation."""
+    """The verdict of each syscall `arch`'s table knows. clone3 (and AIO) keep ENOSYS even when
+    listed in extra_deny: EPERM would stop glibc's fallback to clone and so break thread creation."""
     allowed = set(ALLOWED) - set(extra)
     out: dict[str, tuple[_Verdict, int]] = {}
     for name, nr in SYSCALLS[arch].items():
@@ -586,7 +593,7 @@ def describe(extra_deny: Iterable[str] = (), arch: str | None = None) -> list[st
         f"syscall numbers the {name} table does not know (newer kernels): ENOSYS",
     ]
     lines += [line for n, (_b, line) in ARG_RULES.items() if v.get(n) == "rule"]
-    lines.append(_CLONE3_LINE)
+    lines += _ENOSYS_LINES
     denied = sorted(n for n in (*NOTABLY_DENIED, *extra) if v.get(n) == "EPERM")
     lines += [f"{n}: EPERM" for n in dict.fromkeys(denied)]
     return lines
