@@ -225,13 +225,17 @@ def test_symlinks_are_copied_never_followed(store: LayerStore, tmp_path: Path) -
     assert store.size_bytes(tree_digest(layer)) == 0
 
 
-def test_hard_links_split_and_special_files_skipped(
+def test_hard_links_share_one_copy_and_special_files_skipped(
     store: LayerStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The names of one file share one copy in the layer (a copy costs what its source does);
+    FIFOs, sockets and device nodes are not carried."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "one").write_text("same inode")
     os.link(src / "one", src / "two")
+    (src / "sub").mkdir()
+    os.link(src / "one", src / "sub" / "three")
     os.mkfifo(src / "fifo")
     monkeypatch.chdir(src)  # AF_UNIX paths are short: bind relative to the cwd
     with socket.socket(socket.AF_UNIX) as sock:
@@ -240,13 +244,35 @@ def test_hard_links_split_and_special_files_skipped(
             os.mknod(src / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
         digest = store.add_tree(src)
     layer = store.path(digest)
-    assert sorted(os.listdir(layer)) == ["one", "two"]
-    assert os.stat(layer / "one").st_ino != os.stat(layer / "two").st_ino
-    assert (layer / "two").read_text() == "same inode"
-    assert os.stat(layer / "one").st_nlink == 1
-    assert store.size_bytes(digest) == 2 * len("same inode")
+    assert sorted(os.listdir(layer)) == ["one", "sub", "two"]
+    assert os.stat(layer / "one").st_ino == os.stat(layer / "two").st_ino == os.stat(layer / "sub" / "three").st_ino
+    assert (layer / "sub" / "three").read_text() == "same inode"
+    assert os.stat(layer / "one").st_nlink == 3
+    assert store.size_bytes(digest) == 3 * len("same inode")   # apparent size: every name
     assert tree_digest(layer) == digest
     assert tree_digest(src) != digest  # the source's FIFO, socket, device count there
+
+
+def test_zeros_stay_holes_in_the_copy(store: LayerStore, tmp_path: Path) -> None:
+    """A sparse file copies as a sparse file: a tree within its disk quota cannot copy out as
+    many times its size. Its content, and so the digest, is unchanged."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "sparse", "wb") as f:
+        f.write(b"head")
+        f.seek(64 << 20)
+        f.write(b"tail")
+    (src / "zeros").write_bytes(bytes(3 << 20))          # written zeros, not a hole
+    (src / "small").write_bytes(bytes(100))
+    digest = store.add_tree(src)
+    layer = store.path(digest)
+    assert tree_digest(layer) == digest == tree_digest(src)
+    with open(layer / "sparse", "rb") as f:
+        assert f.read(4) == b"head" and f.seek(64 << 20) == 64 << 20 and f.read() == b"tail"
+    assert os.stat(layer / "sparse").st_size == (64 << 20) + 4
+    assert os.stat(layer / "zeros").st_size == 3 << 20 and (layer / "small").read_bytes() == bytes(100)
+    allocated = sum(os.stat(layer / n).st_blocks * 512 for n in ("sparse", "zeros"))
+    assert allocated < 1 << 20, allocated
 
 
 @needs_root

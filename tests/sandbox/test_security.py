@@ -1203,3 +1203,80 @@ async def test_zygote_keeps_only_setuid_and_setgid(sandbox):
     caps = {k: int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
     assert caps == {"CapInh": 0, "CapPrm": setid, "CapEff": setid, "CapBnd": 0, "CapAmb": 0}, caps
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2", status
+
+
+async def test_per_user_kernel_counts_are_each_sandboxs_own(runtime, small_config):
+    """The kernel charges the per-user counts of a user namespace's processes (inotify
+    instances, POSIX message queues, pending signals, ...) to the namespace's owner as well.
+    A sandbox that takes every inotify instance it may have leaves the host's root and the
+    next sandbox theirs: its namespace is owned by its own root id, not the host's root."""
+    import ctypes
+
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    holder = ("import ctypes, os, time\n"
+              "libc = ctypes.CDLL(None, use_errno=True)\n"
+              "fds = []\n"
+              "while (fd := libc.inotify_init1(0)) >= 0:\n"
+              "    fds.append(fd)\n"
+              "open('/tmp/held', 'w').write(str(len(fds)))\n"
+              "deadline = time.monotonic() + 60\n"
+              "while not os.path.exists('/tmp/release') and time.monotonic() < deadline:\n"
+              "    time.sleep(0.05)\n")
+    probe = "import ctypes; fd = ctypes.CDLL(None).inotify_init1(0); print(fd >= 0)"
+    a = await runtime.create(runtime.base_snapshot(small_config), small_config)
+    b = await runtime.create(runtime.base_snapshot(small_config), small_config)
+    try:
+        held_task = asyncio.create_task(a.exec(["python3", "-c", holder], timeout=90))
+        for _ in range(600):
+            if a.files.exists("/tmp/held") and a.read_file("/tmp/held"):
+                break
+            await asyncio.sleep(0.05)
+        held = int(a.read_file("/tmp/held"))
+        try:
+            assert held == limit, f"the sandbox held {held} inotify instances of {limit}"
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(0)
+            assert fd >= 0, f"the host's root has no inotify instance left: {os.strerror(ctypes.get_errno())}"
+            os.close(fd)
+            res = await b.exec(["python3", "-c", probe], timeout=30)
+            assert res.ok and res.text().strip() == "True", _desc(res)
+        finally:
+            a.write_file("/tmp/release", "")
+            assert (await held_task).ok
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_snapshot_costs_the_host_what_the_sandbox_used(runtime, small_config):
+    """`snapshot_state` copies the writable layer into host memory (a tmpfs no sandbox is
+    charged for). A sparse file and hard links to it cost the sandbox almost nothing of its disk
+    quota; copied name by name with the holes filled they would cost the host many times the
+    quota. The copy keeps the holes and the links."""
+    script = ("set -e; cd /workspace; truncate -s 48M big; printf x >> big; "
+              "for i in 1 2 3 4 5 6 7; do ln big link$i; done; mkdir d; ln big d/far; "
+              "head -c 2097152 /dev/urandom > dense; ln dense dense2; sync")
+    sb = await runtime.create(runtime.base_snapshot(small_config), small_config)
+    try:
+        res = await sb.exec(["sh", "-c", script], timeout=60)
+        assert res.ok, _desc(res)
+        snap = await sb.snapshot_state()
+    finally:
+        await sb.close()
+    layer = runtime.store.path(snap.layers[0])
+    seen: dict[int, int] = {}
+    for dirpath, _dirs, files in os.walk(layer):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            seen[st.st_ino] = st.st_blocks * 512
+    allocated = sum(seen.values())
+    assert allocated < 4 << 20, f"the snapshot's copy allocates {allocated} bytes"
+    ws = layer / "workspace"
+    assert os.stat(ws / "link7").st_size == (48 << 20) + 1 and os.stat(ws / "d" / "far").st_ino == os.stat(ws / "big").st_ino
+    # The snapshot still reads as what the sandbox wrote.
+    sb = await runtime.create(snap, small_config)
+    try:
+        res = await sb.exec(["sh", "-c", "cd /workspace; tail -c 1 link3; cmp dense dense2 && echo same; stat -c %s d/far"])
+        assert res.ok and res.text().split() == ["xsame", str((48 << 20) + 1)], _desc(res)
+    finally:
+        await sb.close()

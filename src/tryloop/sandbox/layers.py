@@ -50,7 +50,9 @@ with the ``trusted.overlay.*`` markers only.
 
 What it drops:
 
-* hard links: every name becomes a separate file;
+* hard links as the sandbox sees them: the names of a file share one copy in the layer
+  (so a copy costs what its source does), but a sandbox that writes to one name copies
+  that name up alone, as if each name were a separate file;
 * FIFOs, sockets and device nodes other than whiteouts: skipped;
 * every extended attribute except the opaque markers: other ``trusted.overlay.*`` and
   ``user.overlay.*`` xattrs (origin, impure, nlink, ...) only mean something inside the
@@ -118,6 +120,8 @@ _ID_RANGE = 1 << 16
 _FORMAT_HEADER = b"tryloop-layer-v1\0"
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
+#: Blocks of this many zero bytes are left as holes in a layer's copy.
+_HOLE_MIN = 1 << 16
 _STRIP_BITS = stat.S_ISUID | stat.S_ISGID
 _NO_XATTR = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
 
@@ -207,11 +211,25 @@ def _fgetxattr(fd: int, name: str) -> bytes | None:
         raise
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _write_sparse(fd: int, data: bytes) -> None:
+    """Write `data` at `fd`'s offset, leaving each whole block of zeros a hole (the caller
+    sets the file's length at the end, in case the last block was one)."""
+    start = 0  # the first byte neither written nor skipped
+    for i in range(0, len(data) - _HOLE_MIN + 1, _HOLE_MIN):
+        if data.count(0, i, i + _HOLE_MIN) == _HOLE_MIN:
+            if start < i:
+                _write_all(fd, memoryview(data)[start:i])
+            os.lseek(fd, _HOLE_MIN, os.SEEK_CUR)
+            start = i + _HOLE_MIN
+    if start < len(data):
+        _write_all(fd, memoryview(data)[start:])
 
 
 def _join(rel: bytes, name: bytes) -> bytes:
@@ -239,6 +257,10 @@ class _Walker:
         self.xattr = "user.overlay." if id_base else "trusted.overlay."
         self.records: list[tuple[bytes, bytes]] = []
         self.strip = _STRIP_BITS if copy else 0
+        # (st_dev, st_ino) of a file with more than one name -> its first name in the layer
+        # and what was recorded of it: the other names become hard links to that copy.
+        self.linked: dict[tuple[int, int], tuple[bytes, tuple]] = {}
+        self.dst_root: int | None = None
 
     def _fail(self, rel: bytes, why: str) -> LayerError:
         return LayerError(f"{self.src / os.fsdecode(rel)}: {why}")
@@ -272,6 +294,7 @@ class _Walker:
         os.utime(dfd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
 
     def run(self, dst_fd: int | None) -> str:
+        self.dst_root = dst_fd
         sfd = os.open(self.src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             st = os.fstat(sfd)
@@ -345,6 +368,16 @@ class _Walker:
         # blocks is a complete file, which saves a getxattr per file of a snapshot.
         if st.st_blocks == 0 and _fgetxattr(fd, self.xattr + "metacopy") is not None:
             raise self._fail(path, "file is an overlayfs metacopy (mount with metacopy=off)")
+        # A copy costs what the source costs: another name of a file already copied is a hard
+        # link to that copy, and runs of zeros stay holes. Otherwise a tree within its disk
+        # quota (one sparse file, many links to it) would copy out as many times its size.
+        key = (st.st_dev, st.st_ino)
+        if st.st_nlink > 1 and key in self.linked:
+            first, fields = self.linked[key]
+            if dfd is not None:
+                os.link(first, name, src_dir_fd=self.dst_root, dst_dir_fd=dfd, follow_symlinks=False)
+            self.records.append(_record(path, b"f", *fields))
+            return
         out = os.open(name, _O_DST, 0o600, dir_fd=dfd) if dfd is not None else -1
         try:
             h = hashlib.sha256()
@@ -354,22 +387,24 @@ class _Walker:
                 h.update(chunk)
                 size += len(chunk)
                 if out >= 0:
-                    _write_all(out, chunk)
+                    _write_sparse(out, chunk)
                 if len(chunk) < want:  # a short read of a local regular file is its end
                     break
                 want = _CHUNK
             uid, gid = self._owner(st)
             mode = stat.S_IMODE(st.st_mode) & ~self.strip
             if out >= 0:
+                os.ftruncate(out, size)  # the length a trailing hole leaves unwritten
                 os.fchown(out, uid, gid)  # before chmod: chown clears set-id bits anyway
                 os.fchmod(out, mode)
                 os.utime(out, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
         finally:
             if out >= 0:
                 os.close(out)
-        self.records.append(
-            _record(path, b"f", mode, uid, gid, size, h.hexdigest().encode("ascii"))
-        )
+        fields = (mode, uid, gid, size, h.hexdigest().encode("ascii"))
+        if st.st_nlink > 1:
+            self.linked[key] = (path, fields)
+        self.records.append(_record(path, b"f", *fields))
 
     def _dir(
         self, fd: int, st: os.stat_result, dfd: int | None, name: str, path: bytes, depth: int

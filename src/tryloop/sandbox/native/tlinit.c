@@ -1453,11 +1453,24 @@ static pid_t launch_in_user_namespace(int flags) {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0) fatal(S_USERNS);
     if (chdir(cfg.mnt) < 0) fatal(S_MOUNT); /* the child's cwd: its mount point (see mount_stage_here) */
+    /* The namespace's owner is the effective uid that creates it, and the kernel charges the
+     * per-user counts of every process inside (inotify instances, POSIX message queues,
+     * pending signals, ...) to the owner too, against the host's per-user limits. Owned by
+     * the host's root, every sandbox would share those counts with the host's root and with
+     * each other; owned by this sandbox's own root id, each sandbox has its own. The launcher
+     * takes that uid as its effective one for the clone alone, its capabilities kept by
+     * SECBIT_NO_SETUID_FIXUP, and the child restores the securebits it had. */
+    int bits = prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+    if (bits < 0 || prctl(PR_SET_SECUREBITS, bits | 0x4 /* NO_SETUID_FIXUP */, 0, 0, 0) < 0 ||
+        setresuid(-1, (uid_t)cfg.idbase, -1) < 0)
+        fatal(S_USERNS);
     pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWUSER | CLONE_FILES | flags | SIGCHLD, 0, 0, 0, 0);
+    if (pid != 0 && (setresuid(-1, 0, -1) < 0 || prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) < 0)) fatal(S_USERNS);
     if (pid < 0) fatal(S_USERNS);
     int n = cfg.nlower + cfg.nbind;
     int fds[MAXLAYERS + MAXBINDS];
     if (pid == 0) {
+        if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) < 0) _exit(113);
         ssize_t got;
         do got = read(sync[0], fds, sizeof(int) * n);
         while (got < 0 && errno == EINTR);
