@@ -69,3 +69,25 @@ async def test_long_output_views_and_escapes(box):
     assert not obs.ok
     changes, skipped = await workspace_changes(box.sb, {})
     assert "link" in skipped and "link" not in changes
+
+
+async def test_file_tools_have_the_agents_permissions_not_the_hosts(box):
+    """The file tools act with the agent's permissions: what its own processes cannot read or
+    write (the image's root-only /root listing, /etc) the tools cannot either, however the path
+    is spelled; the host's own file API keeps the host's."""
+    res = await box.sb.exec(["sh", "-c", "stat -c '%U %a' /root /etc; ls /root >/dev/null 2>&1 || echo denied"])
+    assert res.ok and res.text().split() == ["root", "711", "root", "755", "denied"], res.text()
+    for call in (ToolCall("view", {"path": "/root"}),
+                 ToolCall("write", {"path": "/etc/ld.so.preload", "content": "/workspace/evil.so\n"}),
+                 ToolCall("write", {"path": "../../etc/passwd", "content": "root::0:0::/:/bin/sh\n"}),
+                 ToolCall("replace", {"path": "/etc/passwd", "old": "root:x:", "new": "root::"}),
+                 ToolCall("write", {"path": "/root/planted", "content": "x"})):
+        obs = await box.call(call)
+        assert not obs.ok and "ermission" in obs.content, (call, obs.content)
+    assert not box.sb.files.exists("/etc/ld.so.preload") and not box.sb.files.exists("/root/planted")
+    assert b"root:x:" in box.sb.files.read("/etc/passwd")
+    box.sb.files.list("/root")                                      # the host still lists it
+    obs = await box.call(ToolCall("write", {"path": "/tmp/mine/notes.txt", "content": "ok"}))
+    assert obs.ok and box.sb.files.stat("/tmp/mine/notes.txt").uid == box.sb.config.uid
+    obs = await box.call(ToolCall("view", {"path": "/etc/passwd"}))  # readable to the agent: readable
+    assert obs.ok and "root:x:" in obs.content

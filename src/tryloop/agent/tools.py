@@ -161,11 +161,11 @@ class Toolbox:
 
     async def _view(self, path: str, start: int | None = None, end: int | None = None) -> Observation:
         self.reads.append(path)
-        info = self.sb.stat(path)
+        info = self.sb.agent_files.stat(path)
         if info.type == "dir":
-            names = [f"{e.name}/" if e.type == "dir" else e.name for e in self.sb.list_dir(path)]
+            names = [f"{e.name}/" if e.type == "dir" else e.name for e in self.sb.agent_files.list(path)]
             return Observation("view", "\n".join(names) or "(empty directory)")
-        lines = self.sb.read_file(path, max_bytes=4 << 20).decode().splitlines()
+        lines = self.sb.agent_files.read(path, max_bytes=4 << 20).decode().splitlines()
         first = max(1, start or 1)
         last = min(len(lines), end or len(lines), first + self.limits.view_lines - 1)
         body = "\n".join(f"{i:5d}  {lines[i - 1]}" for i in range(first, last + 1))
@@ -174,16 +174,16 @@ class Toolbox:
         return Observation("view", (body or "(empty file)") + note, truncated=more)
 
     async def _replace(self, path: str, old: str, new: str) -> Observation:
-        text = self.sb.read_file(path, max_bytes=4 << 20).decode()
+        text = self.sb.agent_files.read(path, max_bytes=4 << 20).decode()
         n = text.count(old) if old else 0
         if n != 1:
             why = "`old` is empty" if not old else f"`old` occurs {n} times in {path}; it must occur exactly once"
             return Observation("replace", f"error: {why}", ok=False)
-        self.sb.write_file(path, text.replace(old, new, 1))
+        self.sb.agent_files.write(path, text.replace(old, new, 1))
         return Observation("replace", f"replaced 1 occurrence in {path}")
 
     async def _write(self, path: str, content: str) -> Observation:
-        self.sb.write_file(path, content)
+        self.sb.agent_files.write(path, content)
         return Observation("write", f"wrote {len(content.encode())} bytes to {path}")
 
     async def _search(self, pattern: str, path: str = ".") -> Observation:
@@ -213,7 +213,7 @@ class Toolbox:
         docs = []
         for p in (path, schema):
             try:
-                docs.append(json.loads(self.sb.read_file(p, max_bytes=1 << 20)))
+                docs.append(json.loads(self.sb.agent_files.read(p, max_bytes=1 << 20)))
             except (ValueError, RecursionError) as e:
                 return Observation("validate_json", f"error: {p} is not valid JSON: {e}", ok=False)
         try:

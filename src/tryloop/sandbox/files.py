@@ -12,6 +12,14 @@ In a sandbox with a user namespace, the writable layer belongs to that namespace
 kernel refuses to create a file there whose owner it cannot map (the host's root), so
 files and directories are created with the agent's ids as this thread's filesystem ids
 (see `_creating_as`).
+
+The host's own access (the verifier writing hidden tests, the harness reading its records)
+has the host's permissions inside the sandbox. The agent's access (`SandboxFiles(sb,
+agent=True)`, `sb.agent_files`: the file tools a policy calls) has the agent's: this
+thread takes the agent's ids as its filesystem ids and no supplementary groups, and the
+kernel drops the capabilities that override file permissions while it does
+(`_acting_as`). So a tool cannot read or write what the agent's own processes could not,
+such as a root-only file of the image, or /etc/ld.so.preload.
 """
 
 from __future__ import annotations
@@ -76,6 +84,41 @@ def _creating_as(uid: int, gid: int):
         _libc.prctl(_PR_SET_SECUREBITS, bits, 0, 0, 0)
 
 
+# setgroups as a raw syscall: it changes this thread's groups only, where glibc's wrapper
+# changes every thread's.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+
+
+@contextlib.contextmanager
+def _acting_as(uid: int, gid: int):
+    """File access as host ids `uid`/`gid` with no supplementary groups, on this thread only.
+    Leaving filesystem uid 0 makes the kernel drop the capabilities that override file
+    permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, ...) from this thread's
+    effective set, and coming back restores them, so permissions are checked as for the
+    agent's own processes."""
+    import platform
+
+    nr = _SYS_SETGROUPS.get(platform.machine())
+    if nr is None:
+        raise SandboxError(f"acting as the agent: no setgroups number known for {platform.machine()}")
+    if _libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0) & _SECBIT_NO_SETUID_FIXUP:
+        raise SandboxError("acting as the agent: this thread keeps its capabilities across an fsuid switch")
+    groups = os.getgroups()
+    if _libc.syscall(nr, 0, None) != 0:
+        raise SandboxError(f"cannot drop supplementary groups: {os.strerror(ctypes.get_errno())}")
+    old_gid = _libc.setfsgid(gid)
+    old_uid = _libc.setfsuid(uid)
+    try:
+        if _libc.setfsuid(_NO_ID) != uid or _libc.setfsgid(_NO_ID) != gid:
+            raise SandboxError(f"cannot switch to filesystem ids {uid}:{gid}")
+        yield
+    finally:
+        _libc.setfsuid(old_uid)
+        _libc.setfsgid(old_gid)
+        saved = (ctypes.c_uint * max(len(groups), 1))(*groups)
+        _libc.syscall(nr, len(groups), saved)
+
+
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
     fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
@@ -138,17 +181,25 @@ class FileRoot(Protocol):
 class SandboxFiles:
     """read / write / list / stat inside one sandbox (see the module docstring)."""
 
-    def __init__(self, sandbox: FileRoot):
+    def __init__(self, sandbox: FileRoot, *, agent: bool = False):
         self._sb = sandbox
+        self._agent_access = agent
 
     def _agent(self) -> tuple[int, int]:
         """The agent's uid and gid as the host numbers them (shifted by a user namespace)."""
         return self._sb.host_id(self._sb.config.uid), self._sb.host_id(self._sb.config.gid)
 
     def _as_agent(self) -> contextlib.AbstractContextManager:
+        """Creating files: with the agent's permissions in agent mode, else the host's."""
+        if self._agent_access:
+            return _acting_as(*self._agent())
         if not self._sb.id_base:
             return contextlib.nullcontext()
         return _creating_as(*self._agent())
+
+    def _access(self) -> contextlib.AbstractContextManager:
+        """Opening existing paths: as the agent in agent mode, else as the host."""
+        return _acting_as(*self._agent()) if self._agent_access else contextlib.nullcontext()
 
     def _root(self) -> int:
         # Opened per call: a reset mounts a new root, so a cached fd would go stale.
@@ -167,7 +218,8 @@ class SandboxFiles:
     def _open(self, path: str, flags: int, resolve: int, mode: int = 0) -> int:
         root = self._root()
         try:
-            return openat2(root, self._norm(path), flags, mode, resolve)
+            with self._access():
+                return openat2(root, self._norm(path), flags, mode, resolve)
         except OSError as e:
             if e.errno == 18:  # EXDEV: the path crossed into another mount
                 raise PathOutsideSandbox(f"{path}: not on the sandbox's writable filesystem") from None
@@ -218,8 +270,10 @@ class SandboxFiles:
             st = os.fstat(fd)
             if not _stat.S_ISREG(st.st_mode):
                 raise PathOutsideSandbox(f"{path}: not a regular file")
-            os.fchown(fd, *self._agent())
-            os.fchmod(fd, mode)
+            if not self._agent_access:  # the agent's access creates it as the agent already
+                os.fchown(fd, *self._agent())
+            if not self._agent_access or st.st_uid == self._agent()[0]:  # the agent chmods its own only
+                os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -240,10 +294,12 @@ class SandboxFiles:
             try:
                 with self._as_agent():
                     os.mkdir(name, 0o755, dir_fd=pfd)
-                os.chown(name, *self._agent(), dir_fd=pfd, follow_symlinks=False)
+                if not self._agent_access:
+                    os.chown(name, *self._agent(), dir_fd=pfd, follow_symlinks=False)
             except FileExistsError:
                 pass
-            return openat2(pfd, name, os.O_PATH | os.O_DIRECTORY, 0, _WRITE | RESOLVE_NO_SYMLINKS)
+            with self._access():
+                return openat2(pfd, name, os.O_PATH | os.O_DIRECTORY, 0, _WRITE | RESOLVE_NO_SYMLINKS)
         finally:
             os.close(pfd)
 
@@ -268,7 +324,9 @@ class SandboxFiles:
         full = self._norm(path).rstrip("/")
         try:
             out = []
-            for name in sorted(os.listdir(fd)):
+            with self._access():
+                names = sorted(os.listdir(fd))
+            for name in names:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 out.append(FileInfo.from_stat(f"{full}/{name}", name, st, self._sb.sandbox_id(st.st_uid)))
             return out

@@ -123,6 +123,8 @@ class Sandbox:
         self.created_at = time.monotonic()
         self.resets = 0
         self.files = SandboxFiles(self)
+        # The agent's file tools: the agent's permissions, not the host's (files.py).
+        self.agent_files = SandboxFiles(self, agent=True)
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
     # ---- lifecycle -------------------------------------------------------
