@@ -1280,3 +1280,27 @@ async def test_a_snapshot_costs_the_host_what_the_sandbox_used(runtime, small_co
         assert res.ok and res.text().split() == ["xsame", str((48 << 20) + 1)], _desc(res)
     finally:
         await sb.close()
+
+
+async def test_the_init_holds_no_descriptor_of_the_host(runtime, small_config):
+    """A descriptor the host process left inheritable (here: its own root directory and a
+    file) is not handed to the sandbox's init, which would hold a way to the host's files."""
+    secret = Path(runtime.config.state_dir) / "host-secret.txt"
+    secret.write_text("host only")
+    fds = [os.open("/", os.O_PATH | os.O_DIRECTORY), os.open(secret, os.O_RDONLY)]
+    try:
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        sb = await runtime.create(runtime.base_snapshot(small_config), small_config)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        held = {}
+        for name in os.listdir(f"/proc/{sb.init_pid}/fd"):
+            with contextlib.suppress(OSError):
+                held[name] = os.readlink(f"/proc/{sb.init_pid}/fd/{name}")
+        assert held and "/" not in held.values() and str(secret) not in held.values(), held
+    finally:
+        await sb.close()
+        secret.unlink()

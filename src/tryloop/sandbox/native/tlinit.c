@@ -1525,6 +1525,11 @@ int main(int argc, char **argv) {
     }
     ctl = atoi(argv[1]);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
+    /* posix_spawn hands over every descriptor of the host process not marked close-on-exec
+     * (one a library opened carelessly, a directory of the host's): none may reach the
+     * sandbox's init, which needs only stdio and ctl. */
+    if (ctl > 3 && syscall(SYS_close_range, 3, ctl - 1, 0) < 0) return 3;
+    if (syscall(SYS_close_range, ctl + 1, ~0U, 0) < 0) return 3;
     static char cbuf[MSGMAX];
     int len = recv_with_fds(ctl, cbuf, sizeof cbuf - 1, sent, &nsent, MAXLAYERS);
     if (len <= 0) return 3;
