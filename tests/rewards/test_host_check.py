@@ -49,3 +49,17 @@ async def test_in_process_tricks_do_not_pass_a_host_comparison(runtime, fn_task,
     # (On a pytest-judged task `patch_pytest_reports` passes every test: FOOLS_TESTS.)
     v = await verify(runtime, fn_task, attack(fn_task))
     assert v.state == "fail" and v.outcomes and set(v.outcomes.values()) == {"failed"}, v.outcomes
+
+
+def test_an_output_line_nested_too_deep_is_no_answer(fn_task):
+    """Code under test can append to the outputs the probe writes; a line nested deeper than
+    the JSON parser goes (RecursionError) counts as no answer: the test fails, the verdict
+    stands (it was a verifier crash, no verdict, so a failing episode went unjudged)."""
+    from tryloop.tasks.harness import RunRecord
+
+    check = host_check(fn_task)
+    deep = "[0, " + "[" * 200_000 + "]" * 200_000 + "]"
+    first = check.test_id(0)
+    run = RunRecord(outcomes={first: "passed"}, read_back=(deep + "\n").encode())
+    check.judge(run)
+    assert run.outcomes[first] == "failed"
