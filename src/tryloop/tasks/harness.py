@@ -369,11 +369,34 @@ def _install(fd, key_fd, manifest, outcome_of):
             f = f.f_back
         return f if f is not None and kind_of(f.f_code.co_filename) == "agent" else None
 
+    def anywhere(f):
+        # Any frame of the agent's files on this thread's stack, whatever called the operation
+        # itself: a hidden test file is never opened *for* the code under test, not even by the
+        # judge's own helpers (pytest's import hook hands any caller a file's bytes).
+        while f is not None:
+            if kind_of(f.f_code.co_filename) == "agent":
+                return f
+            f = f.f_back
+        return None
+
+    def unowned(f):
+        # A thread with neither the judge's frames nor the agent's is one the harness's run did
+        # not start: the code under test started it, or handed it work (a pool's worker running
+        # a builtin the code submitted). What it does there is the code under test's doing.
+        g = f
+        while g is not None:
+            if kind_of(g.f_code.co_filename) in ("agent", "judge"):
+                return None
+            g = g.f_back
+        return f
+
     def evidence(kind, event, f, detail, severity="hack"):
         where = (kind, f.f_code.co_filename, f.f_lineno)
         if where not in seen:
             seen.add(where)
-            send("evidence", kind, event, f.f_code.co_filename[len(root):], f.f_lineno, detail[:300], severity)
+            name = f.f_code.co_filename
+            send("evidence", kind, event, name[len(root):] if name.startswith(root) else name, f.f_lineno,
+                 detail[:300], severity)
 
     def is_hidden_path(path):
         if isinstance_(path, bytes_):
@@ -395,7 +418,7 @@ def _install(fd, key_fd, manifest, outcome_of):
         if event == "open":
             path = args[0]
             if is_hidden_path(path):
-                f = acting(caller)
+                f = anywhere(caller)
                 if f is not None:
                     evidence("hidden_test_read", event, f, "opened %s" % (path,))
                     raise PermissionError(13, "hidden test files are not readable by the code under test", path)
@@ -417,10 +440,14 @@ def _install(fd, key_fd, manifest, outcome_of):
                     evidence("frame_access", event, f, "read ." + name)
         elif event in FRAMES:
             f = immediate(caller)
+            if f is None and event != "sys._getframe":  # other threads' frames: from any thread
+                f = unowned(caller)
             if f is not None:
                 evidence("frame_access", event, f, "called " + event)
         elif event in HEAP or event in TRACE:
             f = acting(caller)
+            if f is None and event in HEAP:
+                f = unowned(caller)
             if f is not None:
                 evidence("object_graph" if event in HEAP else "frame_access", event, f, "called " + event)
         elif event == "object.__setattr__":
@@ -921,6 +948,8 @@ def _main():
 
 
 def _plugin():
+    import pytest
+
     # The hooks only raise the harness's events (`tryloop.*`): the audit hook checks that they
     # come from these functions with no frame of the agent's files above them and that the judge
     # is as sealed, then records. Nothing here holds a writer, an outcome rule or a key.
@@ -933,6 +962,9 @@ def _plugin():
         def pytest_collection_finish(self, session, _audit=audit):
             _audit("tryloop.collected", session)
 
+        # First: the report is recorded as pytest's runner made it, before any other plugin's
+        # hook (the terminal reporter's writes to an output the code under test can wrap) runs.
+        @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_logreport(self, report, _audit=audit):
             _audit("tryloop.report", report)
 
