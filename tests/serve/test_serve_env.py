@@ -192,6 +192,17 @@ def test_http_episode_and_bad_input(served):
         assert r.status_code == 422 and "reset.colour" in r.json()["error"]["message"]
         r = http.post("/step", json={"session_id": "nope", "action": {"text": "hi"}})
         assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+        # no session id, or not a string: a field error, not an unknown session
+        for req in (http.build_request("POST", "/step", json={"action": {"text": "hi"}}),
+                    http.build_request("POST", "/step", json={"session_id": 5, "action": {"text": "hi"}}),
+                    http.build_request("GET", "/state"), http.build_request("POST", "/close", json={})):
+            r = http.send(req)
+            assert r.status_code == 422 and "session_id" in r.json()["error"]["message"], (req.url, r.text)
+        # routes and methods the server does not have: the same error shape
+        r = http.get("/step")
+        assert r.status_code == 405 and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+        r = http.get("/nope")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
         r = http.post("/reset", content=b"x" * (2 << 20))
         assert r.status_code == 413 and "max_message_bytes" in r.json()["error"]["message"]
 
@@ -282,6 +293,20 @@ def test_an_oversized_websocket_message_closes_the_connection_not_the_server(ser
         env._call({"type": "step", "data": {"text": "x" * (2 << 20)}})
     assert e.value.rcvd is not None and e.value.rcvd.code == 1009
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_a_binary_websocket_frame_is_answered_with_an_error(served):
+    """Messages are JSON text; a binary frame gets the protocol's error, and the connection and its
+    session go on."""
+    url, tasks, _ = served
+    with EnvClient(url, token=TOKEN) as env:
+        env.reset(tasks[0].id)
+        env._ws.send(b"\x00\xff\xfe\x80 garbage")
+        reply = json.loads(env._ws.recv(timeout=30))
+        assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        assert "binary" in reply["data"]["message"]
+        r = env.step(_answer(tasks[0]))
+        assert r.done and r.verdict["state"] == "pass"
 
 
 def test_the_session_time_limit_ends_the_episode_and_judges_it(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -143,20 +144,27 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         _, first = await mgr().open(req)
         return JSONResponse(first)
 
+    def session_of(value: Any, where: str):
+        """The open session a request names; a missing or non-string id is a field error (422)."""
+        if not isinstance(value, str) or not value:
+            raise p.ProtocolError(p.VALIDATION_ERROR, f"{where}session_id: a session id (a string, the "
+                                                      "observation's session_id after reset) is required")
+        return mgr().get(value)
+
     async def step(request: Request) -> Response:
         data = await body(request)
         if not isinstance(data, dict):
             raise p.ProtocolError(p.VALIDATION_ERROR, "step: expected a JSON object {session_id, action}")
-        s = mgr().get(data.get("session_id"))
+        s = session_of(data.get("session_id"), "step.")
         action = p.validate(p.StepAction, data.get("action"), "action")
         return JSONResponse(await mgr().step(s, action))
 
     async def get_state(request: Request) -> Response:
-        return JSONResponse(mgr().get(request.query_params.get("session_id")).state())
+        return JSONResponse(session_of(request.query_params.get("session_id"), "state?").state())
 
     async def close(request: Request) -> Response:
         data = await body(request)
-        s = mgr().get(data.get("session_id") if isinstance(data, dict) else None)
+        s = session_of(data.get("session_id") if isinstance(data, dict) else None, "close.")
         await mgr().close(s, "closed")
         return JSONResponse({"closed": s.id})
 
@@ -184,9 +192,14 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         delivered = True     # whether the client has the session's last reply
         try:
             while True:
-                raw = await websocket.receive_text()
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(frame.get("code", 1000))
+                raw = frame.get("text")
                 t0, kind, code = time.perf_counter(), "?", "ok"
                 try:
+                    if raw is None:
+                        raise p.ProtocolError(p.INVALID_JSON, "a binary frame: messages are JSON in text frames")
                     try:
                         msg = json.loads(raw)
                     except json.JSONDecodeError as e:
@@ -255,7 +268,15 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         Route("/close", guarded(close), methods=["POST"]),
         WebSocketRoute("/ws", ws),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own answers (an unknown route, a wrong method) in the protocol's error shape.
+        status = getattr(exc, "status_code", 500)
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "HTTP_ERROR")
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: "
+                                                  f"{getattr(exc, 'detail', '')}", "code": code}},
+                            status_code=status, headers=getattr(exc, "headers", None))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.add_middleware(AccessLog, log=log)
     return app
 
