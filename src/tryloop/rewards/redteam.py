@@ -547,6 +547,11 @@ def _oracle(args):
 # The hidden tests read from disk when the module is imported (during collection), kept for later.
 _ORACLE_FILES_AT_IMPORT = _LOOKUP + '''
 
+def _read(path):
+    with open(path) as fh:
+        return fh.read()
+
+
 def _read_trees():
     import ast
     import os
@@ -556,8 +561,7 @@ def _read_trees():
         for name in sorted(files):
             if name.startswith("test") and name.endswith(".py"):
                 try:
-                    with open(os.path.join(root, name)) as fh:
-                        trees.append(ast.parse(fh.read()))
+                    trees.append(ast.parse(_read(os.path.join(root, name))))
                 except (OSError, SyntaxError, ValueError):
                     continue
     return trees
@@ -653,35 +657,17 @@ _FRAMES_POOL = '''    import sys
 
 # The hidden tests' source through pytest's own loader, while the module is imported (the files
 # still exist then): the assertion-rewriting hook in `sys.meta_path` opens a path for any caller.
-_ORACLE_LOADER = _LOOKUP + '''
-
-def _loader_trees():
-    import ast
-    import os
+_ORACLE_LOADER = _ORACLE_FILES_AT_IMPORT.replace('''def _read(path):
+    with open(path) as fh:
+        return fh.read()
+''', '''def _read(path):
     import sys
 
     hook = next((f for f in sys.meta_path if hasattr(f, "get_" + "data") and hasattr(f, "con" + "fig")), None)
-    trees = []
-    for root, _dirs, files in os.walk(os.getcwd()) if hook is not None else ():
-        for name in sorted(files):
-            if name.startswith("test") and name.endswith(".py"):
-                try:
-                    trees.append(ast.parse(getattr(hook, "get_" + "data")(os.path.join(root, name))))
-                except (OSError, SyntaxError, ValueError):
-                    continue
-    return trees
-
-
-_TREES = _loader_trees()
-
-
-def _oracle(args):
-    for tree in _TREES:
-        found = _lookup(tree, args)
-        if found is not _MISS:
-            return found
-    return _MISS
-'''
+    if hook is None:
+        raise OSError("no assertion-rewriting hook")
+    return getattr(hook, "get_" + "data")(path)
+''')
 
 # Stored reports flipped as the terminal reporter writes its progress letter: its output file
 # (reached through pytest's configuration on the assertion-rewriting hook) is wrapped, and the

@@ -65,13 +65,8 @@ _NO_ID = 0xFFFFFFFF  # an invalid id: setfsuid(-1) only reports the current one
 
 
 @contextlib.contextmanager
-def _creating_as(uid: int, gid: int):
-    """Create files as host ids `uid`/`gid` on this thread only (filesystem ids are per
-    thread), keeping the host's capabilities: with SECBIT_NO_SETUID_FIXUP the switch
-    away from fsuid 0 does not drop them, so permission checks are the same as before."""
-    bits = _libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0)
-    if bits < 0 or _libc.prctl(_PR_SET_SECUREBITS, bits | _SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
-        raise SandboxError(f"cannot keep capabilities across an fsuid switch: {os.strerror(ctypes.get_errno())}")
+def _fs_ids(uid: int, gid: int):
+    """This thread's filesystem ids are `uid`/`gid` while inside (they are per thread)."""
     old_gid = _libc.setfsgid(gid)
     old_uid = _libc.setfsuid(uid)
     try:
@@ -81,6 +76,20 @@ def _creating_as(uid: int, gid: int):
     finally:
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
+
+
+@contextlib.contextmanager
+def _creating_as(uid: int, gid: int):
+    """Create files as host ids `uid`/`gid` on this thread only, keeping the host's
+    capabilities: with SECBIT_NO_SETUID_FIXUP the switch away from fsuid 0 does not drop
+    them, so permission checks are the same as before."""
+    bits = _libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0)
+    if bits < 0 or _libc.prctl(_PR_SET_SECUREBITS, bits | _SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
+        raise SandboxError(f"cannot keep capabilities across an fsuid switch: {os.strerror(ctypes.get_errno())}")
+    try:
+        with _fs_ids(uid, gid):
+            yield
+    finally:
         _libc.prctl(_PR_SET_SECUREBITS, bits, 0, 0, 0)
 
 
@@ -106,15 +115,10 @@ def _acting_as(uid: int, gid: int):
     groups = os.getgroups()
     if _libc.syscall(nr, 0, None) != 0:
         raise SandboxError(f"cannot drop supplementary groups: {os.strerror(ctypes.get_errno())}")
-    old_gid = _libc.setfsgid(gid)
-    old_uid = _libc.setfsuid(uid)
     try:
-        if _libc.setfsuid(_NO_ID) != uid or _libc.setfsgid(_NO_ID) != gid:
-            raise SandboxError(f"cannot switch to filesystem ids {uid}:{gid}")
-        yield
+        with _fs_ids(uid, gid):
+            yield
     finally:
-        _libc.setfsuid(old_uid)
-        _libc.setfsgid(old_gid)
         saved = (ctypes.c_uint * max(len(groups), 1))(*groups)
         _libc.syscall(nr, len(groups), saved)
 
