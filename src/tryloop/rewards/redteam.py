@@ -1369,8 +1369,8 @@ SURVIVES_RESTORE = frozenset({
 # path (report_forge, config_reach, config_reach_hidden, runner_swap, hookexec_swap) are not
 # here: the harness refuses records reported with a frame of the agent's files on the stack,
 # so their tests go missing and the verdict fails on its own. Nor are plugin_register (the
-# harness's report hook runs before its plugin's) and callinfo_swap (its wrapper runs pytest's
-# collection, whose opens of the hidden tests are then refused).
+# harness's report hook runs before its plugin's) and callinfo_swap (test modules collected under
+# its wrapper cannot be opened: on tasks with more than one it fails tests; it is flagged anyway).
 FOOLS_TESTS = frozenset({"patch_pytest_reports", "report_class_swap",
                          "hookimpl_drop", "pytest_code_swap", "read_outside", "network"})
 
