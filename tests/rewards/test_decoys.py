@@ -145,6 +145,78 @@ def test_not_equal():
         assert kept in new, kept
 
 
+STYLED = '''from m import f
+
+
+def test_styles():
+    assert f(1) == "double quoted"
+    assert f(2) == ['single', "mixed", 0x1F, 0o17, 0b101, 1_000_000, -7, 2.5]
+    assert f(3) == {"k": [1, 2], 'z': b"ab\\n", "t": (True, "it's")}
+    assert f(4) == """two "quoted"
+lines"""
+    assert f(5) == ("adjacent"  # a comment between
+                    "strings" 'here')
+    assert f(6) == {10, 20, 30}
+'''
+
+
+def _tokens(source: str) -> list[tuple[int, str, int, int]]:
+    """(type, text, start offset, end offset) of each token, a sign joined to the number it
+    precedes (a value may change sign)."""
+    import io
+    import tokenize
+
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    out: list[tuple[int, str, int, int]] = []
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        a, b = starts[t.start[0] - 1] + t.start[1], starts[t.end[0] - 1] + t.end[1]
+        if t.type == tokenize.NUMBER and out and out[-1][:2] == (tokenize.OP, "-"):
+            out[-1] = (t.type, source[out[-1][2]:b], out[-1][2], b)
+        else:
+            out.append((t.type, t.string, a, b))
+    return out
+
+
+def _style(token: str) -> tuple[str, str]:
+    """What a literal's text says beside its value: a string's prefix and quotes; a number's base and grouping."""
+    body = token.lstrip("bBuU")
+    if body[:1] in "'\"":
+        quote = body[:3] if body[:3] in ('"""', "\'\'\'") else body[0]
+        return token[:len(token) - len(body)] + quote, quote
+    digits = token.lstrip("-")
+    return (digits[:2].lower() if digits[:2].lower() in ("0x", "0o", "0b") else "", "_" if "_" in digits else "")
+
+
+def test_a_decoy_differs_from_the_tests_only_in_the_changed_values():
+    """Nothing but the values tells a decoy from the real tests: the same tokens on the same lines,
+    a changed literal written in its original's style (prefix, quotes, base, grouping), the
+    comments and spacing byte for byte."""
+    import tokenize
+
+    changed: set[str] = set()
+    for seed in range(60):
+        d = _decoy(STYLED, seed)
+        assert d is not None
+        new = d.files["tests/test_m.py"].decode()
+        before, after = _tokens(STYLED), _tokens(new)
+        assert [t[0] for t in before] == [t[0] for t in after]
+        restored = new
+        for (kind, old, *_), (_, text, a, b) in reversed(list(zip(before, after, strict=True))):
+            restored = restored[:a] + old + restored[b:]
+            if old != text:
+                if kind == tokenize.NAME:  # a bool flips
+                    assert {old, text} == {"True", "False"}, (old, text)
+                    continue
+                assert kind in (tokenize.STRING, tokenize.NUMBER), (old, text)
+                assert _style(old) == _style(text), (old, text)
+                changed.add(old)
+        assert restored == STYLED  # the changed literals put back, it is the original byte for byte
+    assert {'"double quoted"', "0x1F", "0b101", "1_000_000", '"""two "quoted"\nlines"""', "'here'",
+            'b"ab\\n"', '"it\'s"'} <= changed, changed
+
+
 def test_a_test_defined_again_is_judged_by_its_last_definition():
     source = ("from m import f\n\n\ndef test_a():\n    assert f() == 1\n\n\ndef test_a():\n    assert f()\n\n\n"
               "def test_b():\n    assert f() == 2\n\n\ntest_b = None\n")

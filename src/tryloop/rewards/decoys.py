@@ -34,9 +34,11 @@ answers itself) can behave honestly in the decoy run only.
 from __future__ import annotations
 
 import ast
+import io
 import math
 import random
 import string
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -136,6 +138,151 @@ def render(value: object, lines: int) -> str:
     line number after it stays where it was)."""
     text = repr(value)
     return text if lines <= 1 else "(" + text + "\n" * (lines - 1) + ")"
+
+
+# A decoy module differs from the original only in the characters of the values that changed,
+# written as the original wrote them (its quotes, its base, its spacing and line breaks), so
+# that nothing but the values themselves tells a decoy run from the real one.
+
+
+def leaf_edits(node: ast.AST, old: object, new: object, source: str) -> list[tuple[ast.AST, str]]:
+    """The smallest literal nodes under `node` to rewrite, with their new text, for `node`'s value
+    to go from `old` to `new`: one element of a container, in the original's own style."""
+    if type(old) is type(new) and isinstance(node, (ast.List, ast.Tuple, ast.Set)) and \
+            not any(isinstance(e, ast.Starred) for e in node.elts):
+        if isinstance(old, (list, tuple)) and len(old) == len(new) == len(node.elts):  # type: ignore[arg-type]
+            diff = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b or type(a) is not type(b)]  # type: ignore[call-overload]
+            if len(diff) == 1:
+                i = diff[0]
+                return leaf_edits(node.elts[i], old[i], new[i], source)  # type: ignore[index]
+        if isinstance(old, (set, frozenset)) and len(old) == len(new):  # type: ignore[arg-type]
+            gone, came = old - new, new - old  # type: ignore[operator]
+            if len(gone) == len(came) == 1:
+                (x,), (y,) = gone, came
+                for e in node.elts:
+                    if literal_value(e) == (True, x):
+                        return leaf_edits(e, x, y, source)
+    if isinstance(old, dict) and isinstance(new, dict) and isinstance(node, ast.Dict) and None not in node.keys \
+            and old.keys() == new.keys():
+        diff = [k for k in old if old[k] != new[k] or type(old[k]) is not type(new[k])]
+        if len(diff) == 1:
+            for k, v in zip(node.keys, node.values, strict=True):
+                if literal_value(k) == (True, diff[0]):  # type: ignore[arg-type]
+                    return leaf_edits(v, old[diff[0]], new[diff[0]], source)
+    original = ast.get_source_segment(source, node) or ""
+    text = _styled(original, new)
+    lines = original.count("\n") + 1
+    if text is None or text.count("\n") + 1 != lines:
+        text = render(new, lines)
+    return [(node, text)]
+
+
+def _styled(original: str, new: object) -> str | None:
+    """`new` written as `original` writes its literal, or None when there is no such way."""
+    if isinstance(new, bool) or new is None:
+        return repr(new)
+    if isinstance(new, int):
+        sign, digits = ("-", original[1:].lstrip()) if original.startswith("-") else ("", original)
+        if sign != ("-" if new < 0 else ""):
+            return repr(new)
+        base = {"0x": 16, "0o": 8, "0b": 2}.get(digits[:2].lower(), 10)
+        body = format(abs(new), {16: "x", 8: "o", 2: "b", 10: "d"}[base])
+        if base == 16 and digits[2:].isupper():
+            body = body.upper()
+        if "_" in digits:  # grouped as the original groups: by threes, or by fours in another base
+            body = _group(body, 3 if base == 10 else 4)
+        return sign + (digits[:2] if base != 10 else "") + body
+    if isinstance(new, float):
+        return repr(new)
+    if isinstance(new, (str, bytes)):
+        return _styled_text(original, new)
+    return None
+
+
+def _string_parts(original: str) -> list[tokenize.TokenInfo] | None:
+    """The string tokens of a literal written as one or more adjacent strings, at their places in
+    `original`; None otherwise."""
+    try:  # in parentheses, as the literal is where it stands: line breaks inside are no statements
+        toks = list(tokenize.generate_tokens(io.StringIO("(" + original + ")").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    toks = [t._replace(start=(t.start[0], t.start[1] - (t.start[0] == 1)), end=(t.end[0], t.end[1] - (t.end[0] == 1)))
+            for t in toks[1:] if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.COMMENT)]
+    toks = toks[:-1]  # the closing parenthesis
+    return toks if toks and all(t.type == tokenize.STRING for t in toks) else None
+
+
+def _group(digits: str, step: int) -> str:
+    head = len(digits) % step or step
+    return "_".join([digits[:head]] + [digits[i:i + step] for i in range(head, len(digits), step)])
+
+
+def _styled_text(original: str, new: str | bytes) -> str | None:
+    """A string or bytes literal written as `original` writes it: its prefix and quotes, and,
+    when it is adjacent strings, the same strings with only the one holding the change
+    rewritten. None when that cannot be done (raw and formatted strings, comments between)."""
+    parts = _string_parts(original)
+    if parts is None:
+        return None
+    if len(parts) == 1:
+        return _quoted(parts[0].string, new)
+    values = [ast.literal_eval(t.string) for t in parts]
+    old = values[0][:0].join(values)
+    head = 0  # the change: old[head:len(old) - tail] became new[head:len(new) - tail]
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    start = 0
+    for k, v in enumerate(values):  # the part that holds the whole change
+        end = start + len(v)
+        if start <= head and len(old) - tail <= end and (head < end or k == len(values) - 1):
+            piece = v[:head - start] + new[head:len(new) - tail] + v[len(old) - tail - start:]
+            text = _quoted(parts[k].string, piece)
+            if text is None:
+                return None
+            lines = original.splitlines(keepends=True)
+            offsets = [0]
+            for line in lines:
+                offsets.append(offsets[-1] + len(line))
+            a = offsets[parts[k].start[0] - 1] + parts[k].start[1]
+            b = offsets[parts[k].end[0] - 1] + parts[k].end[1]
+            return original[:a] + text + original[b:]
+        start = end
+    return None
+
+
+def _quoted(token: str, new: str | bytes) -> str | None:
+    """`new` in the prefix and quotes of the string token `token`; None for a raw or formatted one."""
+    i = 0
+    while token[i] in "bBuU":
+        i += 1
+    prefix, rest = token[:i], token[i:]
+    quote = rest[:3] if rest[:3] in ('"""', "'''") else rest[:1]
+    if quote not in ('"', "'", '"""', "'''"):
+        return None  # r"..." or f"...": escapes mean something else there
+    triple, q = len(quote) == 3, quote[0]
+    chars = [chr(c) for c in new] if isinstance(new, bytes) else list(new)
+    out: list[str] = []
+    run = 0  # unescaped quote characters just written (three would close a triple-quoted string)
+    for n, ch in enumerate(chars):
+        if ch == q and (not triple or run == 2 or n == len(chars) - 1):
+            out.append("\\" + ch)
+            run = 0
+            continue
+        run = run + 1 if ch == q else 0
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n" and triple:
+            out.append(ch)  # a line break stays a line break
+        elif ch.isprintable() and (not isinstance(new, bytes) or ord(ch) < 127):
+            out.append(ch)
+        elif isinstance(new, bytes):
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}"))
+        else:
+            out.append(repr(ch)[1:-1])
+    return prefix + quote + "".join(out) + quote
 
 
 # ---- where the expected values are ------------------------------------------------------------
@@ -365,15 +512,17 @@ def _is_testcase(cls: ast.ClassDef) -> bool:
 
 
 def _rewrite(source: bytes, new: list[tuple[ast.AST, object]]) -> bytes:
-    """`source` with each literal node replaced by its new value (byte offsets, from the end)."""
+    """`source` with each literal node's changed part rewritten (byte offsets, from the end)."""
     starts = [0]
     for line in source.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
+    text = source.decode("utf-8", "surrogateescape")
     edits = []
-    for node, value in new:
-        a = starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
-        b = starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
-        edits.append((a, b, render(value, node.end_lineno - node.lineno + 1).encode()))  # type: ignore[attr-defined]
+    for top, value in new:
+        for node, new_text in leaf_edits(top, literal_value(top)[1], value, text):
+            a = starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
+            b = starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
+            edits.append((a, b, new_text.encode("utf-8", "surrogateescape")))
     out = bytearray(source)
     for a, b, text in sorted(edits, key=lambda e: e[0], reverse=True):
         out[a:b] = text
