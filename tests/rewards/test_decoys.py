@@ -150,7 +150,7 @@ STYLED = '''from m import f
 
 def test_styles():
     assert f(1) == "double quoted"
-    assert f(2) == ['single', "mixed", 0x1F, 0o17, 0b101, 1_000_000, -7, 2.5]
+    assert f(2) == ['single', "mixed", 0x1F, 0o17, 0b101, 1_000_000, -7, 2.50]
     assert f(3) == {"k": [1, 2], 'z': b"ab\\n", "t": (True, "it's")}
     assert f(4) == """two "quoted"
 lines"""
@@ -186,7 +186,8 @@ def _style(token: str) -> tuple[str, str]:
         quote = body[:3] if body[:3] in ('"""', "\'\'\'") else body[0]
         return token[:len(token) - len(body)] + quote, quote
     digits = token.lstrip("-")
-    return (digits[:2].lower() if digits[:2].lower() in ("0x", "0o", "0b") else "", "_" if "_" in digits else "")
+    base = digits[:2].lower() if digits[:2].lower() in ("0x", "0o", "0b") else ""
+    return base, ("_" if "_" in digits else "") + (str(len(digits.partition(".")[2])) if "." in digits else "")
 
 
 def test_a_decoy_differs_from_the_tests_only_in_the_changed_values():
@@ -213,7 +214,7 @@ def test_a_decoy_differs_from_the_tests_only_in_the_changed_values():
                 assert _style(old) == _style(text), (old, text)
                 changed.add(old)
         assert restored == STYLED  # the changed literals put back, it is the original byte for byte
-    assert {'"double quoted"', "0x1F", "0b101", "1_000_000", '"""two "quoted"\nlines"""', "'here'",
+    assert {'"double quoted"', "2.50", "0x1F", "0b101", "1_000_000", '"""two "quoted"\nlines"""', "'here'",
             'b"ab\\n"', '"it\'s"'} <= changed, changed
 
 

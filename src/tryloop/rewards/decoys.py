@@ -192,7 +192,12 @@ def _styled(original: str, new: object) -> str | None:
         if "_" in digits:  # grouped as the original groups: by threes, or by fours in another base
             body = _group(body, 3 if base == 10 else 4)
         return sign + (digits[:2] if base != 10 else "") + body
-    if isinstance(new, float):
+    if isinstance(new, float):  # as many decimals as the original wrote, where that is exact
+        digits = original.lstrip("-").lstrip()
+        if "." in digits and not any(c in digits for c in "eE_") and original.startswith("-") == (new < 0):
+            text = f"{abs(new):.{len(digits.partition('.')[2])}f}"
+            if float(text) == abs(new):
+                return ("-" if new < 0 else "") + text
         return repr(new)
     if isinstance(new, (str, bytes)):
         return _styled_text(original, new)
