@@ -627,17 +627,37 @@ async def test_timeout_kills_command_and_background_children(sandbox):
     assert not await _wait_no_agent_pids(sandbox, 2)
 
 
-async def test_setsid_escapes_timeout_but_not_reset(sandbox):
-    """The timeout kills the command's process group; a child that left it with setsid
-    stays (contained by the cgroup) until the next reset, which kills everything."""
-    res = await sandbox.exec("setsid sleep 300 >/dev/null 2>&1 & sleep 30", timeout=0.5)
+async def test_timeout_kills_what_the_command_started_even_outside_its_group(sandbox):
+    """A command's timeout kills every process it started, also those that left its process
+    group (setsid) or daemonized (double fork + setsid); what an earlier command left running
+    on purpose stays, until the next reset, which kills everything."""
+    kept = await sandbox.exec("setsid sleep 301 >/dev/null 2>&1 & true")
+    assert kept.ok, _desc(kept)
+    res = await sandbox.exec(
+        "setsid sleep 302 >/dev/null 2>&1 & "
+        "python3 -c 'import os, time; os.setsid() if os.fork() == 0 and not os.fork() else os._exit(0); "
+        "time.sleep(303)' >/dev/null 2>&1 & "
+        "sh -c 'setsid sh -c \"sleep 304 & wait\" &' >/dev/null 2>&1; sleep 30", timeout=1.5)
     assert res.timed_out, _desc(res)
-    ps = await sandbox.exec(["ps", "-e", "-o", "comm="])
-    assert ps.text().split().count("sleep") == 1, f"expected the setsid'd sleep to be left: {_desc(ps)}"
+    ps = await sandbox.exec(["ps", "-e", "-o", "args="])
+    left = [line for line in ps.text().splitlines() if "30" in line and ("sleep" in line or "python" in line)]
+    assert left == ["sleep 301"], f"expected only the earlier command's sleep to be left: {_desc(ps)}"
     await sandbox.reset()
     ps = await sandbox.exec(["ps", "-e", "-o", "comm="])
     assert "sleep" not in ps.text(), _desc(ps)
     assert not await _wait_no_agent_pids(sandbox, 2)
+
+
+async def test_killing_a_command_kills_what_it_started(sandbox):
+    """`Process.kill()` (SIGKILL) ends the command's whole tree, as its timeout does; another
+    signal goes to its process group only."""
+    proc = await sandbox.start("setsid sleep 305 >/dev/null 2>&1 & sleep 30", timeout=60)
+    await asyncio.sleep(0.3)
+    proc.kill()
+    res = await proc.wait()
+    assert res.signal == signal.SIGKILL, _desc(res)
+    ps = await sandbox.exec(["ps", "-e", "-o", "args="])
+    assert "sleep 305" not in ps.text(), _desc(ps)
 
 
 # --------------------------------------------------------------------------- 9. privileges
@@ -1121,14 +1141,15 @@ async def test_syscalls_outside_the_allow_list_are_refused(sandbox):
 
 
 MASKED_PROC = ("acpi", "asound", "interrupts", "kcore", "keys", "key-users", "kmsg", "latency_stats",
-               "timer_list", "timer_stats", "sched_debug", "scsi")
+               "timer_list", "timer_stats", "sched_debug", "scsi", "cmdline")
 READ_ONLY_PROC = ("bus", "fs", "irq", "sys", "sysrq-trigger")
 
 
 async def test_host_describing_proc_files_are_masked_and_knobs_read_only(sandbox):
     """/proc/keys and /proc/key-users list keys and key quotas by host uid, /proc/interrupts
-    and /proc/timer_list describe the host's devices and timers: masked, as the common
-    container runtimes do, whatever their modes on this kernel."""
+    and /proc/timer_list describe the host's devices and timers, /proc/cmdline the host's boot:
+    masked (as the common container runtimes do, and the boot arguments too), whatever their
+    modes on this kernel."""
     present = [n for n in MASKED_PROC if os.path.lexists(f"/proc/{n}")]
     assert present, "this kernel has none of the masked /proc entries"
     code = (

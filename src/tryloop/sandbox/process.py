@@ -119,7 +119,7 @@ class Process:
         return self._exit.done()
 
     def kill(self, sig: int = _signal.SIGKILL) -> None:
-        """Signal the command's process group."""
+        """Signal the command's process group; SIGKILL ends everything the command started, as its timeout does."""
         if not self._exit.done():
             self._sandbox._send_kill(self.id, sig)
 

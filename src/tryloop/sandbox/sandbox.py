@@ -382,7 +382,7 @@ class Sandbox:
 
         `cmd` is an argv list, or a string run by `/bin/sh -c`. The timeout (wall
         clock, seconds) is enforced by the sandbox's init, which kills the
-        command's process group when it passes. `terminal_fd` (a pty's slave end)
+        command and every process it started when it passes. `terminal_fd` (a pty's slave end)
         replaces all three standard streams, for interactive shells.
         """
         self._check()

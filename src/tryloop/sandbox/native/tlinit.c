@@ -315,6 +315,7 @@ static int move_mount_fd(int fd, const char *target) {
 static const char *const masked_proc[] = {
     "acpi", "asound", "interrupts", "kcore", "keys", "key-users", "kmsg", "latency_stats",
     "timer_list", "timer_stats", "sched_debug", "scsi",
+    "cmdline", /* the host kernel's boot arguments (and its init's), nothing of the sandbox */
 };
 static const char *const readonly_proc[] = {"bus", "fs", "irq", "sys", "sysrq-trigger"};
 /* Device nodes of the host bound into /dev: a user namespace may not mknod them. */
@@ -624,6 +625,10 @@ static void exec_path(char **argv, char **envp) {
 static _Noreturn void run_child(struct execreq *x, volatile struct child_err *ce) {
     signal(SIGPIPE, SIG_DFL); /* the only disposition the zygote changed */
     setsid();
+    /* The command adopts what its descendants orphan (kept across execve), so a process
+     * that left its group with setsid, or daemonized, is still below it when its timeout
+     * comes: kill_tree finds it there. Once the command has ended, its orphans go to the init. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) child_fail(ce, S_FORK);
     /* Move the received fds out of the way, then onto 0, 1, 2. */
     int target[3];
     for (int i = 0; i < 3; i++) {
@@ -1163,6 +1168,66 @@ static void reap(int block) {
     }
 }
 
+/* The parent pid of `pid` and whether it still runs (not a zombie), from its /proc stat; -1 if gone. */
+static pid_t parent_of(long pid, int *alive) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p || p[1] != ' ' || !p[2] || p[3] != ' ') return -1;
+    *alive = p[2] != 'Z' && p[2] != 'X';
+    return (pid_t)strtol(p + 4, NULL, 10);
+}
+
+/* SIGKILL a command and every process below it, including those that left its process
+ * group (setsid, daemons): the command is a child subreaper (run_child), so they stay its
+ * descendants while it lives. It is stopped first, so that it forks nothing more and keeps
+ * adopting the orphans of the descendants killed round by round until none runs. */
+static void kill_tree(pid_t root) {
+    enum { CAP = 4096 };
+    static pid_t pids[CAP], parents[CAP];
+    static char mark[CAP];
+    kill(root, SIGSTOP);
+    for (int round = 0; round < 64; round++) {
+        int n = 0, found = 0;
+        DIR *d = opendir("/proc");
+        if (!d) break;
+        struct dirent *e;
+        while (n < CAP && (e = readdir(d))) {
+            char *end;
+            long pid = strtol(e->d_name, &end, 10);
+            int alive = 0;
+            if (*end || pid <= 1 || pid == root || pid == zpid) continue;
+            pid_t pp = parent_of(pid, &alive);
+            if (pp < 0 || !alive) continue;
+            pids[n] = (pid_t)pid;
+            parents[n] = pp;
+            mark[n++] = pp == root;
+        }
+        closedir(d);
+        for (int changed = 1; changed;) { /* descendants: parent marked, to a fixed point */
+            changed = 0;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; !mark[i] && j < n; j++)
+                    if (mark[j] && parents[i] == pids[j]) mark[i] = changed = 1;
+        }
+        for (int i = 0; i < n; i++)
+            if (mark[i]) {
+                kill(pids[i], SIGKILL);
+                found++;
+            }
+        if (!found) break;
+        usleep(1000); /* let the killed die and their orphans reach the command */
+    }
+    kill(-root, SIGKILL);
+    kill(root, SIGKILL);
+}
+
 static void kill_everything(uint32_t why) {
     for (int i = 0; i < nruns; i++) runs[i].flags |= why; /* reported as killed by reset / expiry */
     killing_why = why;
@@ -1372,8 +1437,7 @@ static void serve(void) {
         for (int i = 0; i < nruns; i++)
             if (runs[i].deadline_ns && !(runs[i].flags & X_TIMEDOUT) && now >= runs[i].deadline_ns) {
                 runs[i].flags |= X_TIMEDOUT;
-                kill(-runs[i].pid, SIGKILL);
-                kill(runs[i].pid, SIGKILL);
+                kill_tree(runs[i].pid);
             }
         if (expires && now >= expires) {
             kill_everything(X_EXPIRED);
@@ -1408,7 +1472,9 @@ static void serve(void) {
                 break;
             case OP_KILL: {
                 struct run *r = find_run_id(h.id);
-                if (r) {
+                if (r && h.sig == SIGKILL) {
+                    kill_tree(r->pid); /* killing a command ends all it started */
+                } else if (r) {
                     kill(-r->pid, (int)h.sig);
                     kill(r->pid, (int)h.sig);
                 }
