@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import stat as _stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +95,8 @@ def _creating_as(uid: int, gid: int):
 
 
 # setgroups as a raw syscall: it changes this thread's groups only, where glibc's wrapper
-# changes every thread's.
-_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+# changes every thread's. None where the number is not known: agent access then refuses.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
 
 
 @contextlib.contextmanager
@@ -105,9 +106,7 @@ def _acting_as(uid: int, gid: int):
     permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, ...) from this thread's
     effective set, and coming back restores them, so permissions are checked as for the
     agent's own processes."""
-    import platform
-
-    nr = _SYS_SETGROUPS.get(platform.machine())
+    nr = _SYS_SETGROUPS
     if nr is None:
         raise SandboxError(f"acting as the agent: no setgroups number known for {platform.machine()}")
     if _libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0) & _SECBIT_NO_SETUID_FIXUP:
@@ -196,7 +195,7 @@ class SandboxFiles:
     def _as_agent(self) -> contextlib.AbstractContextManager:
         """Creating files: with the agent's permissions in agent mode, else the host's."""
         if self._agent_access:
-            return _acting_as(*self._agent())
+            return self._access()
         if not self._sb.id_base:
             return contextlib.nullcontext()
         return _creating_as(*self._agent())
