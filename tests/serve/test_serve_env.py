@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 
 import httpx
@@ -117,10 +119,10 @@ def test_auth_is_required_except_for_health(served):
     assert r.status_code == 401 and "bearer" in r.json()["error"]["message"].lower()
     assert httpx.get(f"{url}/metadata", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.post(f"{url}/reset", json={}).status_code == 401
-    with pytest.raises(InvalidStatus) as e:
+    with pytest.raises(ServeError) as e:       # the handshake's 403 carries the protocol's error
         EnvClient(url, token="wrong").connect()
-    assert e.value.response.status_code == 403
-    with pytest.raises(InvalidStatus):
+    assert e.value.code == "UNAUTHORIZED" and e.value.data["status"] == 403
+    with pytest.raises(ServeError):
         EnvClient(url).connect()
 
 
@@ -201,6 +203,7 @@ def test_http_episode_and_bad_input(served):
         # routes and methods the server does not have: the same error shape
         r = http.get("/step")
         assert r.status_code == 405 and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+        assert r.headers["Allow"] == "POST"
         r = http.get("/nope")
         assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
         r = http.post("/reset", content=b"x" * (2 << 20))
@@ -265,6 +268,9 @@ def test_a_client_that_vanishes_can_resume_within_the_grace_period(served):
     assert _wait_for(lambda: httpx.get(f"{url}/state", params={"session_id": gone_id},
                                        headers=_auth()).status_code == 404)
     assert _wait_for(lambda: httpx.get(f"{url}/health").json()["active_sessions"] == 0)
+    with pytest.raises(ServeError) as e:      # coming back too late: the session is gone, by name
+        EnvClient(url, token=TOKEN, session_id=gone_id).connect()
+    assert e.value.code == "UNKNOWN_SESSION" and e.value.data["status"] == 404
 
 
 def test_a_client_that_vanishes_mid_step_finds_the_result_when_it_comes_back(served):
@@ -275,13 +281,202 @@ def test_a_client_that_vanishes_mid_step_finds_the_result_when_it_comes_back(ser
     first._ws.send(json.dumps({"type": "step", "data": {"tool_calls": [
         {"name": "shell", "arguments": {"command": "sleep 1; echo slept"}}]}}))
     first._ws.close()     # gone before the reply
-    with EnvClient(url, token=TOKEN, session_id=sid) as again:
+    with _reattach(url, sid) as again:
         assert _wait_for(lambda: again.state()["last"]["observation"]["turn"] == 1)
         last = again.state()["last"]["observation"]
         assert "slept" in last["results"][0]["content"]
         time.sleep(1.5)   # past the grace period: the session is this connection's now, not reaped
         r = again.step(_answer(task))
         assert r.done and r.verdict["state"] == "pass"
+
+
+def _reattach(url, sid) -> EnvClient:
+    """A client back on session `sid`: it takes the session over from the connection before."""
+    return EnvClient(url, token=TOKEN, session_id=sid).connect()
+
+
+def _shell(command: str) -> dict:
+    return {"tool_calls": [{"name": "shell", "arguments": {"command": command}}]}
+
+
+def test_a_session_has_one_driver_at_a_time(served):
+    """An HTTP step while another step runs or a WebSocket holds the session is refused with
+    SESSION_BUSY (409); a WebSocket that comes for the session takes it over, and the one before
+    is closed (4000): the turns of two clients never interleave."""
+    from websockets.exceptions import ConnectionClosed
+
+    url, tasks, _ = served
+    task = tasks[0]
+    with httpx.Client(base_url=url, headers=_auth(), timeout=60) as http:
+        sid = http.post("/reset", json={"task_id": task.id}).json()["observation"]["session_id"]
+        replies = []
+        t = threading.Thread(target=lambda: replies.append(
+            http.post("/step", json={"session_id": sid, "action": _shell("sleep 2; echo first")})))
+        t.start()
+        time.sleep(0.5)
+        r = http.post("/step", json={"session_id": sid, "action": _shell("echo second")})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "SESSION_BUSY", r.text
+        a = EnvClient(url, token=TOKEN, session_id=sid).connect()   # attaches; the step runs on
+        with pytest.raises(ServeError) as e:
+            a.step(_shell("echo third"))
+        assert e.value.code == "SESSION_BUSY"
+        t.join(30)
+        assert replies[0].status_code == 200 and "first" in replies[0].json()["observation"]["results"][0]["content"]
+        # a WebSocket attached is the session's one driver over HTTP
+        r = http.post("/step", json={"session_id": sid, "action": _shell("echo intruder")})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "SESSION_BUSY", r.text
+        state = a.state()
+        assert state["step_count"] == 1 and "first" in state["last"]["observation"]["results"][0]["content"]
+        # a second connection takes it over: the first is closed with 4000 and drives no more
+        b = EnvClient(url, token=TOKEN, session_id=sid).connect()
+        with pytest.raises(ConnectionClosed) as closed:
+            a.step(_shell("echo stale"))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4000, closed.value
+        with b:
+            r = b.step(_answer(task))
+            assert r.done and r.verdict["state"] == "pass" and r.observation["turn"] == 2
+
+
+def test_an_unknown_session_is_refused_with_the_protocols_error(served):
+    """Reconnecting to a session that is not open: the handshake's 404 carries the JSON error, as
+    the HTTP routes answer the same id."""
+    from websockets.sync.client import connect
+
+    url, _, _ = served
+    with pytest.raises(ServeError) as e:
+        EnvClient(url, token=TOKEN, session_id="no-such-session").connect()
+    assert e.value.code == "UNKNOWN_SESSION" and e.value.data["status"] == 404
+    assert "no-such-session" in str(e.value)
+    with pytest.raises(InvalidStatus) as e:       # as any WebSocket client sees it
+        connect(url.replace("http://", "ws://") + "/ws?session_id=nope", additional_headers=_auth())
+    assert e.value.response.status_code == 404
+    assert json.loads(e.value.response.body)["error"]["code"] == "UNKNOWN_SESSION"
+    r = httpx.post(f"{url}/step", json={"session_id": "nope", "action": {"text": "hi"}}, headers=_auth())
+    assert r.status_code == 404 and r.json()["error"]["code"] == "UNKNOWN_SESSION"
+
+
+def test_a_done_reply_carries_only_the_results_of_its_own_action(served):
+    """`results` are the tool results of the action a reply answers: none after reset, none for a
+    lone submit (its outcome is the verdict), the calls run before submit otherwise."""
+    url, tasks, _ = served
+    task = tasks[0]
+    with EnvClient(url, token=TOKEN) as env:
+        r = env.reset(task.id)
+        assert "results" not in r.observation
+        r = env.step({"tool_calls": [{"name": "submit", "arguments": {}}]})
+        assert r.done and r.verdict["state"] in ("pass", "fail") and "results" not in r.observation, r.observation
+        env.reset(task.id)
+        r = env.step(_answer(task))
+        assert r.done and [x["name"] for x in r.observation["results"]] == ["write"]
+        assert r.observation["results"][0]["ok"]
+
+
+def test_the_access_log_has_every_websocket_event(served):
+    """Refused handshakes, accepted ones, binary frames, close messages, disconnects and oversized
+    messages each have their record."""
+    from websockets.exceptions import ConnectionClosed
+
+    url, tasks, tmp = served
+    with pytest.raises(ServeError):
+        EnvClient(url, token="wrong").connect()
+    with pytest.raises(ServeError):
+        EnvClient(url, token=TOKEN, session_id="logged-unknown").connect()
+    with EnvClient(url, token=TOKEN) as env:
+        sid = env.reset(tasks[0].id).observation["session_id"]
+        env._ws.send(b"\x00\xff binary")
+        assert json.loads(env._ws.recv(timeout=30))["type"] == "error"
+    big = EnvClient(url, token=TOKEN).connect()
+    with pytest.raises(ConnectionClosed):
+        big._call({"type": "step", "data": {"text": "x" * (2 << 20)}})
+
+    def ws() -> list[dict]:
+        return [x for x in map(json.loads, (tmp / "access.log").read_text().splitlines()) if x["kind"] == "ws"]
+
+    assert _wait_for(lambda: [x["type"] for x in ws() if x["session"] == sid][-4:] ==
+                     ["reset", "binary", "close", "disconnect"]), [x for x in ws() if x["session"] == sid]
+    assert _wait_for(lambda: any(x["type"] == "disconnect" and x["close_code"] == 1009
+                                 and x["code"] == "MESSAGE_TOO_BIG" for x in ws()))
+    records = ws()
+    assert any(x["type"] == "connect" and x["code"] == "UNAUTHORIZED" and x["status"] == 403 for x in records)
+    assert any(x["type"] == "connect" and x["code"] == "UNKNOWN_SESSION" and x["status"] == 404 for x in records)
+    assert any(x["type"] == "connect" and x["code"] == "ok" and x["status"] == 101 for x in records)
+    binary = next(x for x in records if x["session"] == sid and x["type"] == "binary")
+    assert binary["code"] == "INVALID_JSON"
+
+
+@contextlib.contextmanager
+def _serve(tmp, **serve_env):
+    """One bundled function task on a server of its own (no auth): for what the shared server's
+    other sessions would disturb."""
+    store = TaskStore(tmp / "tasks")
+    task = function_tasks(tmp / "src", per_family=1, families=["affine"])[0]
+    store.add(task)
+    cfg = _config(tmp, **serve_env)
+    with serve_in_thread(cfg, served_tasks(cfg)) as url:
+        yield url, task
+    assert not list((tmp / "state" / "sandboxes").glob("*.json"))
+
+
+def _closed(url) -> dict[str, float]:
+    return {dict(labels)["reason"]: v for (name, labels), v in _scrape(url).items()
+            if name == "tryloop_serve_sessions_closed_total"}
+
+
+def test_a_session_whose_time_ran_out_keeps_its_verdict_for_the_client(tmp_path):
+    """wall_time_s ends a silent client's episode then and there: it is judged, the verdict waits on
+    the session (not reaped while it is made, nor for idle_timeout_s after), and the client that
+    comes back gets it."""
+    with _serve(tmp_path, limits={"wall_time_s": 1.0, "max_turns": 5}, idle_timeout_s=1.5) as (url, task), \
+            httpx.Client(base_url=url, timeout=60) as http:
+        first = http.post("/reset", json={"task_id": task.id}).json()
+        sid = first["observation"]["session_id"]
+
+        def state() -> httpx.Response:
+            return http.get("/state", params={"session_id": sid})
+
+        assert _wait_for(lambda: state().status_code != 200 or state().json()["done"], timeout=60)
+        r = state()
+        assert r.status_code == 200, f"the session was closed before its verdict: {r.text}"
+        last = r.json()["last"]
+        assert last["done"] and last["observation"]["termination"] == "timeout"
+        assert last["observation"]["verdict"]["state"] == "fail"
+        if not first["done"]:    # (on a loaded machine the budget may be gone when the sandbox comes)
+            r = http.post("/step", json={"session_id": sid, "action": _answer(task)})
+            assert r.status_code == 200 and r.json()["done"], r.text
+            obs = r.json()["observation"]
+            assert obs["verdict"]["state"] == "fail" and obs["termination"] == "timeout"
+            assert "results" not in obs and obs["turn"] == 0, "the action came too late to be taken"
+            r = http.post("/step", json={"session_id": sid, "action": _answer(task)})
+            assert r.status_code == 409 and "over" in r.json()["error"]["message"]
+        assert _wait_for(lambda: state().status_code == 404)
+        assert _closed(url) == {"done": 1.0}
+
+
+def test_every_session_is_counted_closed_once_and_a_finished_one_as_done(tmp_path):
+    """tryloop_serve_sessions_closed_total: a session whose episode ran to its verdict counts as
+    done however it is closed afterwards (close message, next reset, dropped connection, /close,
+    reaping); one closed before its end by what closed it."""
+    with _serve(tmp_path, idle_timeout_s=1.0) as (url, task):
+        with EnvClient(url) as env:
+            env.reset(task.id)
+            assert env.step(_answer(task)).done
+            env.reset(task.id)          # ends the finished session first
+            assert env.step(_answer(task)).done
+        env = EnvClient(url).connect()
+        env.reset(task.id)
+        assert env.step(_answer(task)).done
+        env._ws.close()
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for close in (True, False):       # False: left for the reaper
+                sid = http.post("/reset", json={"task_id": task.id}).json()["observation"]["session_id"]
+                assert http.post("/step", json={"session_id": sid, "action": _answer(task)}).json()["done"]
+                if close:
+                    assert http.post("/close", json={"session_id": sid}).status_code == 200
+            sid = http.post("/reset", json={"task_id": task.id}).json()["observation"]["session_id"]
+            assert http.post("/close", json={"session_id": sid}).status_code == 200
+        assert _wait_for(lambda: sum(_closed(url).values()) >= 6)
+        time.sleep(0.5)
+        assert _closed(url) == {"done": 5.0, "closed": 1.0}
 
 
 def test_an_oversized_websocket_message_closes_the_connection_not_the_server(served):
@@ -327,8 +522,6 @@ def test_the_session_time_limit_ends_the_episode_and_judges_it(tmp_path):
 
 
 def test_closing_a_session_mid_step_answers_the_step_and_frees_the_room(served):
-    import threading
-
     url, tasks, _ = served
     with httpx.Client(base_url=url, headers=_auth(), timeout=60) as http:
         sid = http.post("/reset", json={"task_id": tasks[0].id}).json()["observation"]["session_id"]

@@ -11,7 +11,10 @@
     POST /close      {"session_id"}
 
 A WebSocket client that loses its connection may come back within `disconnect_grace_s` with
-`/ws?session_id=...` and carry on; `state` then repeats the last reply it may have missed.
+`/ws?session_id=...` and carry on (the connection before, if the server still holds it, is closed
+with 4000); `state` then repeats the last reply it may have missed. A handshake the server
+refuses (a wrong token, an unknown session) gets the protocol's JSON error with its HTTP status,
+as the HTTP routes answer.
 """
 
 from __future__ import annotations
@@ -39,8 +42,13 @@ from tryloop.serve.asgi import authorized as _authorized
 from tryloop.serve.sessions import Session, SessionManager
 from tryloop.tasks.model import Task
 
-# WebSocket close codes (RFC 6455): a refused token is a policy violation.
+# WebSocket close codes (RFC 6455): a refused handshake is a policy violation; a message over
+# max_message_bytes is too big (uvicorn closes the connection with it, the access log names it);
+# a connection whose session another connection took over is closed with the first of the
+# codes RFC 6455 leaves to applications.
 WS_POLICY_VIOLATION = 1008
+WS_MESSAGE_TOO_BIG = 1009
+WS_TAKEN_OVER = 4000
 
 
 def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
@@ -81,9 +89,16 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
     def authorized(headers: Any) -> bool:
         return _authorized(headers, token)
 
-    def error(e: p.ProtocolError) -> JSONResponse:
-        headers = {"Retry-After": "1"} if e.code == p.CAPACITY_REACHED else None
-        return JSONResponse({"error": e.body()}, status_code=e.status, headers=headers)
+    def error(e: p.ProtocolError, headers: dict[str, str] | None = None) -> JSONResponse:
+        headers = dict(headers or {})
+        if e.code == p.CAPACITY_REACHED:
+            headers["Retry-After"] = "1"
+        return JSONResponse({"error": e.body()}, status_code=e.status, headers=headers or None)
+
+    def unauthorized(status: int) -> p.ProtocolError:
+        mgr().metrics.refused.labels("auth").inc()
+        return p.ProtocolError(p.UNAUTHORIZED, "missing or wrong bearer token (Authorization: Bearer ...)",
+                               status=status)
 
     async def body(request: Request) -> Any:
         """The JSON body, read no further than max_message_bytes."""
@@ -105,10 +120,7 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         """Auth, then the handler; protocol errors become their JSON error reply."""
         async def endpoint(request: Request) -> Response:
             if not authorized(request.headers):
-                mgr().metrics.refused.labels("auth").inc()
-                return JSONResponse({"error": {"message": "missing or wrong bearer token (Authorization: "
-                                                          "Bearer ...)", "code": "UNAUTHORIZED"}},
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return error(unauthorized(401), {"WWW-Authenticate": "Bearer"})
             try:
                 return await handler(request)
             except p.ProtocolError as e:
@@ -144,61 +156,70 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         _, first = await mgr().open(req)
         return JSONResponse(first)
 
-    def session_of(value: Any, where: str):
-        """The open session a request names; a missing or non-string id is a field error (422)."""
-        if not isinstance(value, str) or not value:
-            raise p.ProtocolError(p.VALIDATION_ERROR, f"{where}session_id: a session id (a string, the "
-                                                      "observation's session_id after reset) is required")
-        return mgr().get(value)
-
     async def step(request: Request) -> Response:
         data = await body(request)
         if not isinstance(data, dict):
             raise p.ProtocolError(p.VALIDATION_ERROR, "step: expected a JSON object {session_id, action}")
-        s = session_of(data.get("session_id"), "step.")
+        s = mgr().get(data.get("session_id"), "step.session_id")
         action = p.validate(p.StepAction, data.get("action"), "action")
         return JSONResponse(await mgr().step(s, action))
 
     async def get_state(request: Request) -> Response:
-        return JSONResponse(session_of(request.query_params.get("session_id"), "state?").state())
+        return JSONResponse(mgr().get(request.query_params.get("session_id"), "state?session_id").state())
 
     async def close(request: Request) -> Response:
         data = await body(request)
-        s = session_of(data.get("session_id") if isinstance(data, dict) else None, "close.")
+        s = mgr().get(data.get("session_id") if isinstance(data, dict) else None, "close.session_id")
         await mgr().close(s, "closed")
         return JSONResponse({"closed": s.id})
 
     async def ws(websocket: WebSocket) -> None:
         m = mgr()
-        if not authorized(websocket.headers):
-            m.metrics.refused.labels("auth").inc()
-            await websocket.close(code=WS_POLICY_VIOLATION)   # before accept: the handshake gets 403
-            return
-        session: Session | None = None
-        resume = websocket.query_params.get("session_id")
-        if resume:
-            try:
-                session = m.get(resume)
-            except p.ProtocolError:
-                await websocket.close(code=WS_POLICY_VIOLATION, reason=f"no open session {resume}"[:120])
-                return
-        await websocket.accept()
-        me = object()       # this connection, as the owner of its session
-        if session is not None:
-            session.detached_at, session.owner = None, me
-            session.touch()
-        m.metrics.attached.inc()
         client = websocket.client.host if websocket.client else ""
-        delivered = True     # whether the client has the session's last reply
+
+        def logged(kind: str, code: str, session: Session | None, t0: float, **extra: Any) -> None:
+            log.info(json.dumps({"ts": round(time.time(), 3), "kind": "ws", "type": kind, "code": code,
+                                 "session": session.id if session else None, "client": client,
+                                 "ms": round((time.perf_counter() - t0) * 1000, 2), **extra}))
+
+        t0 = t_open = time.perf_counter()
+        me = websocket      # this connection, as the driver of its session
+        session: Session | None = None
+        previous: Any = None     # the connection this one took its session over from
         try:
+            if not authorized(websocket.headers):
+                raise unauthorized(403)
+            resume = websocket.query_params.get("session_id")
+            if resume:
+                session = m.get(resume)
+                previous = m.attach(session, me)     # the newest connection drives it
+        except p.ProtocolError as e:
+            # Refused before accept: the handshake gets the error's HTTP status and JSON body (an
+            # ASGI server without the denial-response extension can only answer a bare 403).
+            logged("connect", e.code, None, t0, status=e.status)
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(error(e))
+            else:
+                await websocket.close(code=WS_POLICY_VIOLATION)
+            return
+        m.metrics.attached.inc()
+        delivered = True     # whether the client has the session's last reply
+        close_code: int | None = None      # the connection's close code, once it has one
+        try:
+            await websocket.accept()
+            logged("connect", "ok", session, t0, status=101)
+            if previous is not None:     # it drives the session no more: its client learns why
+                with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                    await previous.close(code=WS_TAKEN_OVER, reason="another connection took over this session")
             while True:
                 frame = await websocket.receive()
                 if frame["type"] == "websocket.disconnect":
                     raise WebSocketDisconnect(frame.get("code", 1000))
                 raw = frame.get("text")
-                t0, kind, code = time.perf_counter(), "?", "ok"
+                t0, kind, code, out = time.perf_counter(), "?", "ok", None
                 try:
                     if raw is None:
+                        kind = "binary"
                         raise p.ProtocolError(p.INVALID_JSON, "a binary frame: messages are JSON in text frames")
                     try:
                         msg = json.loads(raw)
@@ -213,21 +234,19 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                             await m.close(session, "reset")
                             session = None
                         session, reply = await m.open(req)
-                        session.owner = me
+                        m.attach(session, me)     # a new session: no connection had it
                         out = {"type": "observation", "data": reply}
                     elif kind == "step":
                         if session is None:
                             raise p.ProtocolError(p.SESSION_ERROR, "step before reset: send a reset first")
                         action = p.validate(p.StepAction, msg.get("data"), "action")
-                        out = {"type": "observation", "data": await m.step(session, action)}
+                        out = {"type": "observation", "data": await m.step(session, action, me)}
                     elif kind == "state":
                         out = {"type": "state", "data": session.state() if session is not None
                                else p.SessionState().model_dump()}
                     elif kind == "close":
                         if session is not None:
                             await m.close(session, "closed")
-                            session = None
-                        break
                     else:
                         raise p.ProtocolError(p.UNKNOWN_TYPE, f"Unknown message type: {kind!r} (reset, step, "
                                                               "state, close)")
@@ -238,22 +257,27 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
                     out = {"type": "error", "data": {"message": f"{type(e).__name__}: {e}", "code": code}}
                 if session is not None:
                     session.touch()
-                log.info(json.dumps({"ts": round(time.time(), 3), "kind": "ws", "type": kind, "code": code,
-                                     "session": session.id if session else None, "client": client,
-                                     "ms": round((time.perf_counter() - t0) * 1000, 2)}))
+                logged(kind, code, session, t0)
+                if out is None:      # a close message: no reply, the connection ends
+                    close_code = 1000
+                    break
                 delivered = False
                 await websocket.send_text(json.dumps(out))
                 delivered = True
-        except (WebSocketDisconnect, OSError, RuntimeError):
+        except WebSocketDisconnect as e:
+            close_code = e.code      # 1009: a message over max_message_bytes (uvicorn closed it)
+        except (OSError, RuntimeError):
             pass      # the client went away, maybe mid-step: what it missed is kept in the session
         finally:
             m.metrics.attached.dec()
             # A session another connection took over (a client that came back) is that one's.
             if session is not None and session.id in m.sessions and session.owner is me:
-                if session.done and delivered:
+                if session.done and session.reported and delivered:
                     await m.close(session, "done")
                 else:   # kept for disconnect_grace_s: the client may come back with ?session_id=
-                    session.detached_at, session.owner = time.monotonic(), None
+                    m.detach(session)
+            logged("disconnect", "MESSAGE_TOO_BIG" if close_code == WS_MESSAGE_TOO_BIG else "ok", session,
+                   t_open, close_code=close_code)      # ms: the connection's lifetime
             with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):   # already closed
                 await websocket.close()
 
@@ -272,9 +296,9 @@ def create_app(cfg: TryloopConfig, tasks: list[Task]) -> Starlette:
         # Starlette's own answers (an unknown route, a wrong method) in the protocol's error shape.
         status = getattr(exc, "status_code", 500)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "HTTP_ERROR")
-        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: "
-                                                  f"{getattr(exc, 'detail', '')}", "code": code}},
-                            status_code=status, headers=getattr(exc, "headers", None))
+        e = p.ProtocolError(code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', '')}",
+                            status=status)
+        return error(e, getattr(exc, "headers", None))
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.add_middleware(AccessLog, log=log)

@@ -8,7 +8,8 @@
 
 `AsyncEnvClient` is the same over asyncio (many episodes from one thread); `GymEnv` wraps
 `EnvClient` in Gymnasium's calling convention. A server error arrives as `ServeError` with its
-code (OpenEnv's: VALIDATION_ERROR, CAPACITY_REACHED, SESSION_ERROR, ...).
+code (OpenEnv's: VALIDATION_ERROR, CAPACITY_REACHED, SESSION_ERROR, ...; tryloop's: UNKNOWN_SESSION,
+SESSION_BUSY, UNAUTHORIZED), a refused handshake too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as aconnect
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import connect
 
@@ -68,6 +70,16 @@ def _reply(raw: str | bytes) -> dict[str, Any]:
     return msg.get("data", {})
 
 
+def _refusal(e: InvalidStatus) -> Exception:
+    """A handshake the server refused, as the ServeError its JSON body names (data["status"]: the
+    HTTP status), or as it is when the body is not the protocol's error."""
+    try:
+        err = json.loads(e.response.body or b"")["error"]
+        return ServeError(str(err["code"]), str(err.get("message", "")), {**err, "status": e.response.status_code})
+    except (ValueError, KeyError, TypeError):
+        return e
+
+
 def _result(data: dict[str, Any]) -> StepResult:
     return StepResult(data.get("observation", {}), data.get("reward"), bool(data.get("done", False)))
 
@@ -85,8 +97,11 @@ class EnvClient:
     def connect(self) -> EnvClient:
         if self._ws is None:
             # Entered by hand: the connection outlives this call (closed in close()).
-            self._ws = connect(self.url, additional_headers=_headers(self.token), open_timeout=30,
-                               max_size=self.max_message_bytes).__enter__()
+            try:
+                self._ws = connect(self.url, additional_headers=_headers(self.token), open_timeout=30,
+                                   max_size=self.max_message_bytes).__enter__()
+            except InvalidStatus as e:
+                raise _refusal(e) from None
         return self
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +149,11 @@ class AsyncEnvClient:
 
     async def connect(self) -> AsyncEnvClient:
         if self._ws is None:
-            self._ws = await aconnect(self.url, additional_headers=_headers(self.token), open_timeout=60,
-                                      max_size=self.max_message_bytes, ping_interval=None)
+            try:
+                self._ws = await aconnect(self.url, additional_headers=_headers(self.token), open_timeout=60,
+                                          max_size=self.max_message_bytes, ping_interval=None)
+            except InvalidStatus as e:
+                raise _refusal(e) from None
         return self
 
     async def _call(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class ServeEnvConfig(_Model):
     max_message_bytes: int = Field(1 << 20, ge=1024, description="largest HTTP body or WebSocket message "
                                                                  "accepted (larger: 413 / close 1009)")
     access_log: str | None = Field("-", description="structured access log, one JSON object per request or "
-                                                    "WebSocket message: a file path, '-' for stderr, null: off")
+                                                    "WebSocket event: a file path, '-' for stderr, null: off")
     record: bool = Field(True, description="write each judged episode to the trajectory store "
                                            "(store.trajectories_url) before its done reply")
     run_id: str | None = Field(None, min_length=1, description="run id the recorded episodes are filed under; "

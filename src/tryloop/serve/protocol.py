@@ -27,8 +27,14 @@ VALIDATION_ERROR = "VALIDATION_ERROR"
 EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
+# tryloop's own: a session id that names no open session (closed, reaped or never opened); a
+# session another connection or request is driving (one driver at a time); a missing or wrong token.
+UNKNOWN_SESSION = "UNKNOWN_SESSION"
+SESSION_BUSY = "SESSION_BUSY"
+UNAUTHORIZED = "UNAUTHORIZED"
 HTTP_STATUS = {INVALID_JSON: 400, UNKNOWN_TYPE: 400, VALIDATION_ERROR: 422, EXECUTION_ERROR: 500,
-               CAPACITY_REACHED: 503, SESSION_ERROR: 409}
+               CAPACITY_REACHED: 503, SESSION_ERROR: 409, UNKNOWN_SESSION: 404, SESSION_BUSY: 409,
+               UNAUTHORIZED: 401}
 
 
 class ProtocolError(Exception):
@@ -80,9 +86,11 @@ class StepObservation(BaseModel):
     system: str | None = Field(None, description="reset only: the system prompt the task's policies get")
     instruction: str | None = Field(None, description="reset only: the task")
     tools: list[dict[str, Any]] | None = Field(None, description="reset only: the tools, as JSON schemas")
-    results: list[dict[str, Any]] = Field(default_factory=list,
-                                          description="the last action's tool results: name, content, ok, "
-                                                      "exit_code, truncated")
+    results: list[dict[str, Any]] | None = Field(
+        None, description="the tool results of the action this reply answers, one per call run: name, content, "
+                          "ok, exit_code, truncated. Absent after reset, and on a done reply whose action ran "
+                          "no tool (a lone submit: its outcome is the verdict; or an action that came after "
+                          "the time limit)")
     termination: str | None = Field(None, description="done only: submitted, turn_limit, timeout, ...")
     verdict: dict[str, Any] | None = Field(None, description="done only: the verifier's whole verdict")
 

@@ -9,7 +9,18 @@ trajectory's reward and whole verdict.
 The manager bounds the sessions open at once, closes those whose client went quiet
 (`idle_timeout_s`) or disconnected and did not come back (`disconnect_grace_s`), and counts what
 happens in Prometheus metrics. Closing a session cancels its episode; the episode's own cleanup
-releases the sandbox to its pool.
+releases the sandbox to its pool. A session has one driver at a time: the WebSocket connection
+attached to it, or one HTTP step. A connection that comes back for its session takes it over
+from the one before (a client whose network dropped is back at once, whether or not the server
+has noticed the drop yet); an HTTP step while a connection holds the session, or any step while
+another runs, is refused (SESSION_BUSY).
+
+An episode ends on its own when the client submits, at `max_turns`, or at `wall_time_s` (also
+while the client is silent); its verdict is then recorded on the session at once, not when the
+client next asks, and kept for the client to collect: its next step gets the done reply, `state`
+shows it. The reaper judges the client's silence only while the episode waits for the client or
+is over, never while the server works (a reset, a step, the judging of an episode whose time ran
+out), and a session's idle and disconnect clocks start again when its episode ends.
 
 Each episode runs under a scheduler (tryloop.scheduler), as `tryloop eval`'s do, made from the
 `scheduler:` section by `serve_scheduler_config`: its execution capacity bounds the tool and
@@ -110,10 +121,17 @@ class _ClientTurns:
                                                {"role": "user", "content": instruction}]
         self.actions: asyncio.Queue[Action] = asyncio.Queue(maxsize=1)
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.asked = 0           # act() calls: one more than the turns taken once a wait for the client ran out
+        self.waiting = False     # whether the episode waits for the client's action now
 
     async def act(self, observations: list[Observation] | None) -> Action:
+        self.asked += 1
         await self.events.put(("turn", observations))
-        action = await self.actions.get()
+        self.waiting = True
+        try:
+            action = await self.actions.get()
+        finally:     # (also when the episode's wall_time_s ends the wait)
+            self.waiting = False
         self.messages.append({"role": "assistant", "content": action.text})
         return action
 
@@ -142,12 +160,14 @@ class Session:
         self.turns = _ClientTurns(self.system, task.instruction)
         self.step_count = 0
         self.done = False
+        self.ended: str | None = None            # how the episode ended on its own: "done" (judged) or "error"
+        self.reported = False                    # whether a reply has given the client that end
         self.closed_reason: str | None = None
         self.last: dict[str, Any] | None = None
         self.last_activity = time.monotonic()
         self.detached_at: float | None = None    # when its WebSocket went away (None: attached or HTTP)
-        self.owner: object | None = None         # the WebSocket connection it is attached to
-        self.busy = asyncio.Lock()               # one reset/step at a time
+        self.owner: object | None = None         # the WebSocket connection it is attached to: its one driver
+        self.busy = asyncio.Lock()               # one step at a time
         self._episode: asyncio.Task | None = None
 
     def touch(self) -> None:
@@ -168,44 +188,77 @@ class Session:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an infrastructure fault: the client is told, the session ends
-            await self.turns.events.put(("error", e))
+            if self._ended("error"):
+                self.turns.events.put_nowait(("error", e))
         else:
-            await self.turns.events.put(("done", traj))
+            # Recorded now, whether or not a step waits: an episode whose time ran out while the
+            # client was silent has its verdict ready when the client comes back.
+            if self._judged(traj):
+                self.turns.events.put_nowait(("done", None))
+
+    def _ended(self, how: str) -> bool:
+        """The episode ended on its own (`how`: done or error): counted out of the open ones, once
+        (False: it was closed first). The client's time to collect the end starts now."""
+        if self.done:
+            return False
+        self.done, self.ended = True, how
+        self.manager.episode_over(self)
+        self.touch()
+        if self.detached_at is not None:
+            self.detached_at = time.monotonic()
+        return True
+
+    def _judged(self, traj: Trajectory) -> bool:
+        """The done reply of a judged episode, kept as `last` for the client to collect."""
+        if not self._ended("done"):
+            return False
+        self.step_count = len(traj.turns)     # (an action sent after the time limit was not taken)
+        obs = self._observation()
+        last_turn = traj.turns[-1] if traj.turns else None
+        # The results of the action that ended the episode, unless an earlier reply carried them (the
+        # episode went on to wait for the next action and its time ran out) or there are none (a
+        # lone submit, whose outcome is the verdict): no empty or repeated list is passed off as this
+        # reply's results.
+        if last_turn is not None and last_turn.observations and self.turns.asked == len(traj.turns):
+            obs["results"] = p.results(last_turn.observations)
+        obs.update(termination=traj.termination, verdict=p.verdict(traj))
+        self.manager.judged(traj)
+        self.last = {"observation": obs, "reward": float(traj.reward or 0.0), "done": True}
+        return True
 
     async def step(self, action: p.StepAction) -> dict[str, Any]:
         if self.closed_reason is not None:
             raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({self.closed_reason}); reset "
                                                    "to start another episode")
-        if self.done:
+        if not self.done:
+            self.turns.actions.put_nowait(p.to_action(action, self.tool_names, self.step_count))
+            self.step_count += 1
+        elif self.reported:
             raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id}: the episode is over; reset to start another")
-        self.turns.actions.put_nowait(p.to_action(action, self.tool_names, self.step_count))
-        self.step_count += 1
+        # (an episode that ended while the client was away: this step is answered with that end)
         return await self._next()
+
+    def _observation(self) -> dict[str, Any]:
+        return {"session_id": self.id, "episode_id": self.episode_id, "task_id": self.task.id,
+                "turn": self.step_count}
 
     async def _next(self) -> dict[str, Any]:
         kind, value = await self.turns.events.get()
-        obs: dict[str, Any] = {"session_id": self.id, "episode_id": self.episode_id, "task_id": self.task.id,
-                               "turn": self.step_count}
         if kind == "turn":
+            obs = self._observation()
             if value is None:     # the first turn: what the task's policies are given
                 obs.update(system=self.system, instruction=self.task.instruction,
                            tools=profile_for(self.task).schemas)
-            obs["results"] = p.results(value)
+            else:
+                obs["results"] = p.results(value)
             self.last = {"observation": obs, "reward": None, "done": False}
             return self.last
-        if not self.done:     # (a closed session was already counted out by the manager)
-            self.done = True
-            self.manager.episode_over(self)
         if kind == "closed":
             raise p.ProtocolError(p.SESSION_ERROR, f"session {self.id} was closed ({value})")
+        self.reported = True
         if kind == "error":
             raise p.ProtocolError(p.EXECUTION_ERROR, f"session {self.id}: the environment failed: {value}")
-        traj: Trajectory = value
-        last_turn = traj.turns[-1] if traj.turns else None
-        obs.update(results=p.results(last_turn.observations if last_turn else []),
-                   termination=traj.termination, verdict=p.verdict(traj))
-        self.manager.judged(traj)
-        self.last = {"observation": obs, "reward": float(traj.reward or 0.0), "done": True}
+        assert self.last is not None      # "done": the reply _judged recorded
         return self.last
 
     def state(self) -> dict[str, Any]:
@@ -323,12 +376,35 @@ class SessionManager:
         except BaseException:
             await self.close(s, "error")
             raise
+        s.touch()       # the client's silence counts from the reply, not from the sandbox's start
         self.metrics.latency.labels("reset").observe(time.perf_counter() - t0)
         return s, first
 
-    async def step(self, s: Session, action: p.StepAction) -> dict[str, Any]:
+    def attach(self, s: Session, connection: object) -> object | None:
+        """`connection` (a WebSocket) becomes the session's one driver; returns the connection it
+        took the session over from (for the caller to close), if another held it. A step that
+        connection started runs to its end: its reply is the session's `last`."""
+        previous = s.owner if s.owner is not connection else None
+        s.owner, s.detached_at = connection, None
+        s.touch()
+        return previous
+
+    def detach(self, s: Session) -> None:
+        """The session's connection went away: it waits disconnect_grace_s for the client."""
+        s.owner, s.detached_at = None, time.monotonic()
+
+    def _free(self, s: Session, driver: object | None) -> None:
+        """Refuses a driver while another drives `s`: turns of two clients never interleave."""
+        if s.owner is not None and s.owner is not driver:
+            raise p.ProtocolError(p.SESSION_BUSY, f"session {s.id} is attached to a WebSocket connection: "
+                                                  "step over that connection (or reconnect with ?session_id=)")
         if s.busy.locked():
-            raise p.ProtocolError(p.SESSION_ERROR, f"session {s.id}: a step is already running")
+            raise p.ProtocolError(p.SESSION_BUSY, f"session {s.id}: a step is already running; retry once "
+                                                  "it has been answered")
+
+    async def step(self, s: Session, action: p.StepAction, driver: object | None = None) -> dict[str, Any]:
+        """A step of `s` by `driver` (its WebSocket connection; None: an HTTP request)."""
+        self._free(s, driver)
         async with s.busy:
             s.touch()
             t0 = time.perf_counter()
@@ -338,11 +414,16 @@ class SessionManager:
                 s.touch()
                 self.metrics.latency.labels("step").observe(time.perf_counter() - t0)
 
-    def get(self, session_id: str | None) -> Session:
-        s = self.sessions.get(session_id or "")
+    def get(self, session_id: Any, field: str = "session_id") -> Session:
+        """The open session `session_id` names; `field` names where it came from in errors. A missing
+        or non-string id is a field error (422), an unknown one UNKNOWN_SESSION (404)."""
+        if not isinstance(session_id, str) or not session_id:
+            raise p.ProtocolError(p.VALIDATION_ERROR, f"{field}: a session id (a string, the observation's "
+                                                      "session_id after reset) is required")
+        s = self.sessions.get(session_id)
         if s is None:
-            raise p.ProtocolError(p.SESSION_ERROR, f"session_id: no open session {session_id!r} (closed, "
-                                                   "reaped or never opened)", status=404)
+            raise p.ProtocolError(p.UNKNOWN_SESSION, f"{field}: no open session {session_id!r} (closed, reaped "
+                                                     "or never opened)")
         return s
 
     def episode_over(self, s: Session) -> None:
@@ -360,15 +441,17 @@ class SessionManager:
         if not s.done:
             s.done = True
             self.episode_over(s)
-        self.metrics.closed.labels(reason).inc()
+        # Counted once (the pop above), by how the episode ended when it ended on its own (judged:
+        # done; failed: error), whoever closes the session afterwards; else by what cut it short.
+        self.metrics.closed.labels(s.ended or reason).inc()
         await s.close()
 
     # -- reaping -------------------------------------------------------------------------------
     def reap_due(self, now: float) -> list[tuple[Session, str]]:
         due = []
         for s in self.sessions.values():
-            if s.busy.locked():
-                continue              # a step in flight is bounded by the episode's own limits
+            if s.busy.locked() or not (s.done or s.turns.waiting):
+                continue    # the server's work (a reset, a step, a verification) is bounded by the episode's limits
             if s.detached_at is not None and now - s.detached_at >= self.cfg.disconnect_grace_s:
                 due.append((s, "disconnected"))
             elif now - s.last_activity >= self.cfg.idle_timeout_s:
