@@ -1188,10 +1188,44 @@ static pid_t parent_of(long pid, int *alive) {
  * group (setsid, daemons): the command is a child subreaper (run_child), so they stay its
  * descendants while it lives. It is stopped first, so that it forks nothing more and keeps
  * adopting the orphans of the descendants killed round by round until none runs. */
+struct proc_link { pid_t pid, parent; int mark; /* 0 unknown, 1 below the root, -1 not */ };
+
+static int by_pid(const void *a, const void *b) {
+    pid_t x = ((const struct proc_link *)a)->pid, y = ((const struct proc_link *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* Whether process `i` of the sorted `ps` is below `root`: up its parents until the root, a
+ * process already decided or one outside the list, then every process passed gets that answer
+ * (each is visited once per round, however deep the chain). */
+static int below(struct proc_link *ps, int n, int i, pid_t root) {
+    static int path[4096];
+    int depth = 0, answer = -1;
+    while (ps[i].mark == 0) {
+        if (ps[i].parent == root) {
+            answer = 1;
+            break;
+        }
+        path[depth++] = i;
+        ps[i].mark = -1; /* provisional: a cycle (pids reused mid-scan) ends as "not below" */
+        struct proc_link key = {.pid = ps[i].parent};
+        struct proc_link *up = bsearch(&key, ps, n, sizeof *ps, by_pid);
+        if (!up || depth == (int)(sizeof path / sizeof path[0])) break;
+        i = (int)(up - ps);
+    }
+    if (ps[i].mark == 1) answer = 1;
+    if (answer == 1) ps[i].mark = 1;
+    while (depth > 0) ps[path[--depth]].mark = answer;
+    return ps[i].mark == 1 || answer == 1;
+}
+
+/* SIGKILL a command and every process below it, including those that left its process
+ * group (setsid, daemons): the command is a child subreaper (run_child), so they stay its
+ * descendants while it lives. It is stopped first, so that it forks nothing more and keeps
+ * adopting the orphans of the descendants killed round by round until none runs. */
 static void kill_tree(pid_t root) {
     enum { CAP = 4096 };
-    static pid_t pids[CAP], parents[CAP];
-    static char mark[CAP];
+    static struct proc_link ps[CAP];
     kill(root, SIGSTOP);
     for (int round = 0; round < 64; round++) {
         int n = 0, found = 0;
@@ -1205,20 +1239,13 @@ static void kill_tree(pid_t root) {
             if (*end || pid <= 1 || pid == root || pid == zpid) continue;
             pid_t pp = parent_of(pid, &alive);
             if (pp < 0 || !alive) continue;
-            pids[n] = (pid_t)pid;
-            parents[n] = pp;
-            mark[n++] = pp == root;
+            ps[n++] = (struct proc_link){(pid_t)pid, pp, 0};
         }
         closedir(d);
-        for (int changed = 1; changed;) { /* descendants: parent marked, to a fixed point */
-            changed = 0;
-            for (int i = 0; i < n; i++)
-                for (int j = 0; !mark[i] && j < n; j++)
-                    if (mark[j] && parents[i] == pids[j]) mark[i] = changed = 1;
-        }
+        qsort(ps, n, sizeof *ps, by_pid);
         for (int i = 0; i < n; i++)
-            if (mark[i]) {
-                kill(pids[i], SIGKILL);
+            if (below(ps, n, i, root)) {
+                kill(ps[i].pid, SIGKILL);
                 found++;
             }
         if (!found) break;
