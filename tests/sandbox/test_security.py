@@ -637,8 +637,14 @@ async def test_timeout_kills_what_the_command_started_even_outside_its_group(san
         "setsid sleep 302 >/dev/null 2>&1 & "
         "python3 -c 'import os, time; os.setsid() if os.fork() == 0 and not os.fork() else os._exit(0); "
         "time.sleep(303)' >/dev/null 2>&1 & "
-        "sh -c 'setsid sh -c \"sleep 304 & wait\" &' >/dev/null 2>&1; sleep 30", timeout=1.5)
+        "sh -c 'setsid sh -c \"sleep 304 & wait\" &' >/dev/null 2>&1; "
+        # a chain of 40 live processes, each in a session of its own (the pids limit is 64)
+        "python3 -c 'import os, time\nfor _ in range(40):\n    if os.fork(): break\n    os.setsid()\n"
+        "time.sleep(306)' >/dev/null 2>&1 & "
+        "sleep 1.5; ps -e -o comm= | grep -c python3 > /tmp/running; sleep 30", timeout=3)
     assert res.timed_out, _desc(res)
+    running = await sandbox.exec("cat /tmp/running")
+    assert int(running.text()) >= 41, f"the processes did not start before the timeout: {_desc(running)}"
     ps = await sandbox.exec(["ps", "-e", "-o", "args="])
     left = [line for line in ps.text().splitlines() if "30" in line and ("sleep" in line or "python" in line)]
     assert left == ["sleep 301"], f"expected only the earlier command's sleep to be left: {_desc(ps)}"
