@@ -60,6 +60,44 @@ async def test_a_bogus_repro_does_not_meet_the_sub_step_nor_touch_the_fix(runtim
     assert v.components["correctness"] == pytest.approx(FIX)
 
 
+def _text_detector(task, kind: str) -> bytes:
+    """A test that tells the fix from the bug by the module's text, not by running it."""
+    import hashlib
+
+    path = "mathkit/arith.py"
+    if kind == "digest":
+        digest = hashlib.sha256(task.workspace_files()[path]).hexdigest()
+        return (f"import hashlib\nfrom pathlib import Path\n\n\ndef test_changed():\n"
+                f"    data = (Path(__file__).parent / {path!r}).read_bytes()\n"
+                f"    assert hashlib.sha256(data).hexdigest() != {digest!r}\n").encode()
+    return (f"from pathlib import Path\n\n\ndef test_token_gone():\n"
+            f"    assert 'range(2, n)' not in (Path(__file__).parent / {path!r}).read_text()\n").encode()
+
+
+@pytest.mark.parametrize("kind", ["digest", "token"])
+async def test_a_repro_that_reads_the_code_instead_of_running_it_is_no_repro(runtime, repro_task, kind):
+    """It fails on the broken code and passes with the fix, but it passes on the broken code rewritten
+    without changing what it does (reformatted, renamed): the sub-step is not met."""
+    v = await verify(runtime, repro_task, fixed(repro_task, **{"test_repro.py": _text_detector(repro_task, kind)}))
+    assert v.state == "pass", v.reason
+    assert v.meta["substeps"] == {"step:repro": "failed", "step:fix": "passed"}, v.meta.get("repro")
+    assert not v.meta["repro"]["reproduced"] and "text apart" in v.meta["repro"]["reason"]
+    assert v.meta["repro"]["broken"] and v.meta["repro"]["reference"]     # it did tell broken from fixed
+
+
+def test_the_rewritten_broken_code_does_what_the_broken_code_does(repro_task, repro_test):
+    from tryloop.rewards.substeps import rewritten_broken
+
+    new = rewritten_broken(repro_task, {"test_repro.py": repro_test})
+    old = repro_task.workspace_files()
+    assert set(new) == {"mathkit/arith.py"} and new["mathkit/arith.py"] != old["mathkit/arith.py"]
+    assert b"range(2, n)" not in new["mathkit/arith.py"]     # the local name is renamed
+    spaces: list[dict] = [{}, {}]
+    for ns, code in zip(spaces, (old["mathkit/arith.py"], new["mathkit/arith.py"]), strict=True):
+        exec(compile(code, "arith.py", "exec"), ns)
+    assert [spaces[0]["factorial"](k) for k in range(8)] == [spaces[1]["factorial"](k) for k in range(8)]
+
+
 async def test_the_fix_alone_gets_only_its_part_and_the_repro_alone_only_its(runtime, repro_task, repro_test):
     v = await verify(runtime, repro_task, fixed(repro_task))
     assert v.state == "pass" and v.meta["substeps"] == {"step:repro": "failed", "step:fix": "passed"}

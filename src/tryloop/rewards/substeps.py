@@ -14,7 +14,12 @@ A test-graded task may declare ordered sub-steps (`[metadata.tryloop.substeps]`,
   the reference, in every one of `repro_runs` runs of each state. The two states
   differ only by the reference fix, so a test that fails by itself (`assert
   False`), passes on the broken code, is not collected, or fails for a reason
-  the fix does not remove, does not meet it.
+  the fix does not remove, does not meet it. A test that reproduces must also
+  fail on a third state: the broken code rewritten without changing what it
+  does (the modules the fix touches reformatted, their local names renamed, a
+  comment added). A test that tells the fix from the bug by the code's text,
+  size, digest or time stamp rather than by its behaviour passes there, and
+  does not meet it.
 
 The agent's test files are the repro's only: the fix run does not get them
 (they can neither help nor break the hidden tests), and the agent's other
@@ -188,9 +193,24 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
     else:
         passing = sorted(t for t, o in res.reference.items() if o == "passed" and t not in res.flaky)
         res.reproduced = [t for t in passing if res.broken.get(t) in FAILING]
+        text_only: list[str] = []
+        if res.reproduced:   # the broken code rewritten: a test of the behaviour still fails there
+            v = await one({**rewritten_broken(task, tests), **tests})
+            res.flags += [f for f in (evidence_flag(e) for e in v.evidence) if f not in res.flags]
+            res.wall_s = max(res.wall_s, v.wall_s)
+            if v.timed_out or not v.finished or v.forged or v.broken:
+                res.reproduced, res.reason = [], "the run of the agent's tests on the rewritten broken code " \
+                                                 "gave no clean complete report"
+            else:
+                text_only = [t for t in res.reproduced if v.outcomes.get(t) not in FAILING]
+                res.reproduced = [t for t in res.reproduced if t not in text_only]
         res.met = bool(res.reproduced)
-        if res.met:
+        if res.met or res.reason:
             pass
+        elif text_only:
+            res.reason = ("every test of the agent's that tells the fix from the bug passes on the broken code "
+                          "rewritten without changing its behaviour (reformatted, renamed): it tells the code's text "
+                          f"apart, not what it does: {text_only[:3]}")
         elif not res.reference and not res.broken:
             res.reason = "the agent's test files collected no test"
         elif not passing:
@@ -203,6 +223,26 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
         while len(_cache) > CACHE_SIZE:
             del _cache[next(iter(_cache))]
     return res
+
+
+def rewritten_broken(task: Task, tests: dict[str, bytes]) -> Changes:
+    """The broken code of the modules the reference fix changes, rewritten without changing what it
+    does: reformatted, local names renamed (never one the project or the agent's tests name in a
+    string or keyword), and a comment at the end, so that no byte count or digest stays the same."""
+    from tryloop.tasks.variants import observed_names, reformat_source, rename_identifiers
+
+    ws = task.workspace_files()
+    paths = sorted(p for p in task.solution_files() if p.endswith(".py") and p in ws and not is_test_file(p))
+    texts = [d.decode("utf-8", "replace") for d in (*ws.values(), *tests.values())]
+    seed = int(task.fingerprint()[:8], 16)
+    renamed = rename_identifiers({p: ws[p] for p in paths}, seed, observed=observed_names(texts))
+    out: Changes = {}
+    for p in paths:
+        data = renamed[p]
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        text = reformat_source(text).rstrip("\n") + f"\n# {hashlib.sha256(f'{seed}:{p}'.encode()).hexdigest()[:16]}\n"
+        out[p] = text.encode()
+    return out
 
 
 # ---- the verdict ----------------------------------------------------------------------
