@@ -69,7 +69,7 @@ def test_rescore_and_spot_check_on_a_run(runtime, runtime_config, task, tmp_path
     assert "protected_path_edit" in res.output or "flags" in res.output
     assert "1 labelled item(s) added" in res.output
     res = CliRunner().invoke(app, ["reward", "rescore", "--run", "missing", "-c", cfg])
-    assert res.exit_code == 1 and "no run 'missing'" in res.output
+    assert res.exit_code == 66 and "no run 'missing'" in res.output          # EX_NOINPUT, as `tryloop export`
 
 
 def test_tasks_list_and_show_as_json_never_print_hidden_contents(runtime_config, task, tmp_path):

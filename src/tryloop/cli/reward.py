@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 from tryloop.cli.progress import task_progress
-from tryloop.errors import TryloopError
+from tryloop.errors import ConfigError, TryloopError
 
 app = typer.Typer(help="Rewards: verifier, regression gate, re-scoring, spot checks, judge checks.",
                   no_args_is_help=True)
@@ -29,17 +29,26 @@ Trajectories = Annotated[str | None, typer.Option("--trajectories", help="store.
 def _cfg(config, **kw):
     names = {"store": "tasks.store_url", "gold": "rewards.gold_path", "gate_dir": "rewards.gate_dir",
              "labels": "rewards.labels_path", "trajectories": "store.trajectories_url",
-             "per_family": "rewards.gate_per_family", "families": "rewards.gate_families"}
+             "per_family": "rewards.gate_per_family", "families": "rewards.gate_families",
+             "uniform": "rewards.spot_check_uniform", "seed": "rewards.spot_check_seed",
+             "judge_gold": "rewards.judge_gold_path", "max_fpr": "rewards.judge_max_fpr",
+             "max_fnr": "rewards.judge_max_fnr"}
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
+
+
+def _tasks(cfg):
+    """The task store, for commands that only read it: never one made where a path was mistyped."""
+    from tryloop.tasks.store import TaskStore
+
+    return run_cli(TaskStore, cfg.tasks.store_url, create=False)
 
 
 def _task(cfg, ref: str):
     from tryloop.tasks.model import Task
-    from tryloop.tasks.store import TaskStore
 
     if Path(ref).is_dir():
         return Task.load(ref)
-    return TaskStore(cfg.tasks.store_url).get(ref)
+    return _tasks(cfg).get(ref)
 
 
 def verdict_table(v) -> Table:
@@ -129,9 +138,8 @@ def run_gate_cli(cfg, *, verify_fn=None):
     from tryloop.rewards.gold import GateRecords, run_gate
     from tryloop.rewards.verifier import verify
     from tryloop.sandbox import SandboxRuntime
-    from tryloop.tasks.store import TaskStore
 
-    store = TaskStore(cfg.tasks.store_url)
+    store = _tasks(cfg)
     entries = store.entries()
     if not entries:
         raise TryloopError(f"task store {cfg.tasks.store_url} is empty: build it with "
@@ -176,12 +184,9 @@ def gate_cmd(
 
 
 def _trajectories(cfg, run: str | None):
-    from tryloop.store.trajectories import TrajectoryStore
+    from tryloop.store.exports import existing_store
 
-    st = TrajectoryStore(cfg.store.trajectories_url)
-    if run is not None and run not in st.runs():
-        raise TryloopError(f"no run {run!r} in {cfg.store.trajectories_url}; runs: {', '.join(st.runs()) or 'none'}")
-    return st.read(run_id=run)
+    return existing_store(cfg.store.trajectories_url, run_id=run).read(run_id=run)
 
 
 @app.command("rescore")
@@ -193,11 +198,10 @@ def rescore_cmd(
     """Re-score a run's stored trajectories under the current reward version; show what moved."""
     from tryloop.rewards.rescore import rescore
     from tryloop.sandbox import SandboxRuntime
-    from tryloop.tasks.store import TaskStore
 
     cfg = _cfg(config, store=store, trajectories=trajectories)
     trajs = run_cli(_trajectories, cfg, run)[:limit]
-    ts = TaskStore(cfg.tasks.store_url)
+    ts = _tasks(cfg)
     tasks = {}
     for fp in {t.task_fingerprint for t in trajs}:
         if ts.has(fp):
@@ -220,8 +224,8 @@ def rescore_cmd(
 @app.command("spot-check")
 def spot_check_cmd(
     run: Annotated[str, typer.Option("--run", help="run id in the trajectory store")],
-    uniform: Annotated[int, typer.Option("--uniform", help="uniformly sampled items besides the anomalies")] = 5,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    uniform: Annotated[int | None, typer.Option("--uniform", help="rewards.spot_check_uniform")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="rewards.spot_check_seed")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="EPISODE=correct|wrong|hack|unsure "
                                                     "(non-interactive); repeatable")] = None,
     interactive: Annotated[bool, typer.Option("--interactive/--list", help="ask for a label per item")] = False,
@@ -233,24 +237,30 @@ def spot_check_cmd(
     from tryloop.rewards.spotcheck import LABELS, LabelStore, SpotLabel, sample
     from tryloop.rewards.spotcheck import to_gold as labels_to_gold
 
-    cfg = _cfg(config, trajectories=trajectories, labels=labels, gold=gold)
+    cfg = _cfg(config, trajectories=trajectories, labels=labels, gold=gold, uniform=uniform, seed=seed)
     trajs = run_cli(_trajectories, cfg, run)
-    from tryloop.tasks.store import TaskStore
-
-    ts = TaskStore(cfg.tasks.store_url)
-    pristine = {t.task_id: ts.get(t.task_fingerprint).workspace_files()
-                for t in {t.task_fingerprint: t for t in trajs}.values() if ts.has(t.task_fingerprint)}
-    items = sample(trajs, uniform=uniform, seed=seed, pristine=pristine)
+    ts = _tasks(cfg)
     store = LabelStore(cfg.rewards.labels_path)
+    # The files the labels go to are read first: a label appended to a file that cannot be
+    # read back would be lost to `--to-gold` and to every later spot check.
+    run_cli(store.labels)
+    if to_gold:
+        run_cli(GoldSet(cfg.rewards.gold_path).items)
     by_prefix = {t.episode_id: t for t in trajs}
-    for spec in label or []:
+    given = []
+    for spec in label or []:  # every label checked before any is recorded
         ep, _, lab = spec.partition("=")
         match = [e for e in by_prefix if e.startswith(ep)]
         if len(match) != 1 or lab not in LABELS:
             raise typer.BadParameter(f"{spec!r}: need EPISODE=LABEL with a unique episode id prefix and a label "
-                                     f"in {LABELS}", param_hint="--label")
-        t = by_prefix[match[0]]
-        store.record(SpotLabel(t.episode_id, t.task_id, t.task_fingerprint, lab))  # type: ignore[arg-type]
+                                     f"in {LABELS}; no label was recorded", param_hint="--label")
+        given.append((by_prefix[match[0]], lab))
+    for t, lab in given:
+        run_cli(store.record, SpotLabel(t.episode_id, t.task_id, t.task_fingerprint, lab))  # type: ignore[arg-type]
+    pristine = {t.task_id: ts.get(t.task_fingerprint).workspace_files()
+                for t in {t.task_fingerprint: t for t in trajs}.values() if ts.has(t.task_fingerprint)}
+    items = sample(trajs, uniform=cfg.rewards.spot_check_uniform, seed=cfg.rewards.spot_check_seed,
+                   pristine=pristine)
     t = Table(title=f"spot check of run {run}: {sum(i.anomalous for i in items)} anomalies + "
                     f"{sum(not i.anomalous for i in items)} uniform")
     for col in ("episode", "task", "verdict", "reward", "why"):
@@ -267,42 +277,88 @@ def spot_check_cmd(
             lab = Prompt.ask("label", choices=[*LABELS, "skip"], default="skip", console=console)
             if lab != "skip":
                 note = Prompt.ask("note", default="", console=console)
-                store.record(SpotLabel(tr.episode_id, tr.task_id, tr.task_fingerprint, lab, note))  # type: ignore[arg-type]
+                run_cli(store.record, SpotLabel(tr.episode_id, tr.task_id, tr.task_fingerprint, lab, note))  # type: ignore[arg-type]
     if to_gold:
-        n = GoldSet(cfg.rewards.gold_path).add(labels_to_gold(store.labels(), trajs, {}))
+        n = run_cli(GoldSet(cfg.rewards.gold_path).add, labels_to_gold(run_cli(store.labels), trajs, {}))
         console.print(f"{n} labelled item(s) added to the gold set {cfg.rewards.gold_path}")
+
+
+def _labelled_answers(path: Path) -> list:
+    """The labelled answers in the JSONL file at `path` (rewards.judge_gold_path)."""
+    from pydantic import ValidationError
+
+    from tryloop.rewards.judge import LabelledAnswer
+
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"rewards.judge_gold_path: cannot read {path}: {e}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                doc = json.loads(line)
+                if not isinstance(doc, dict):
+                    raise TypeError(f"a JSON object is needed, not {type(doc).__name__}")
+                out.append(LabelledAnswer(**doc))
+            except ValidationError as e:
+                problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '-'}: {x['msg']}" for x in e.errors())
+                raise ConfigError(f"{path}:{n}: not a labelled answer: {problems}") from None
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"{path}:{n}: not a labelled answer: {e}") from None
+    return out
+
+
+def _judge_config(cfg, judge: Path | None):
+    from tryloop.config import load_yaml
+    from tryloop.rewards import judge as J
+
+    if judge is not None:
+        return load_yaml(judge, J.JudgeConfig)
+    if cfg.rewards.spec.judge is None:
+        raise ConfigError("no judge to check: give --judge FILE or set rewards.spec.judge")
+    try:
+        return J.JudgeConfig.model_validate(cfg.rewards.spec.judge)
+    except ValueError as e:
+        raise ConfigError(f"rewards.spec.judge: {e}") from None
 
 
 @app.command("judge-check")
 def judge_check_cmd(
-    judge: Annotated[Path, typer.Option("--judge", help="YAML with the JudgeConfig fields")],
-    gold: Annotated[Path | None, typer.Option("--gold", help="JSONL of {task_instruction, answer, correct: bool}")] = None,
-    max_fpr: Annotated[float, typer.Option("--max-fpr")] = 0.05,
-    max_fnr: Annotated[float, typer.Option("--max-fnr")] = 0.2,
+    judge: Annotated[Path | None, typer.Option("--judge", help="YAML with the JudgeConfig fields (default: "
+                                                               "rewards.spec.judge)")] = None,
+    gold: Annotated[Path | None, typer.Option("--gold", help="rewards.judge_gold_path: JSONL of {task_instruction, "
+                                                             "answer, correct: bool}")] = None,
+    max_fpr: Annotated[float | None, typer.Option("--max-fpr", help="rewards.judge_max_fpr")] = None,
+    max_fnr: Annotated[float | None, typer.Option("--max-fnr", help="rewards.judge_max_fnr")] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Run a judge configuration through the adversarial suite and labelled gold data."""
-    from tryloop.config import load_yaml
     from tryloop.rewards import judge as J
 
-    cfg = run_cli(load_yaml, judge, J.JudgeConfig)
-    labelled = []
-    if gold is not None:
-        for n, line in enumerate(gold.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    labelled.append(J.LabelledAnswer(**json.loads(line)))
-                except (ValueError, TypeError) as e:
-                    raise typer.BadParameter(f"{gold}:{n}: {e}", param_hint="--gold") from None
-    report = run_cli(asyncio.run, J.judge_check(cfg, labelled, max_fpr=max_fpr, max_fnr=max_fnr))
+    rc = _cfg(config, judge_gold=gold, max_fpr=max_fpr, max_fnr=max_fnr)
+    cfg = run_cli(_judge_config, rc, judge)
+    gold_path = rc.rewards.judge_gold_path
+    labelled = run_cli(_labelled_answers, gold_path) if gold_path is not None else []
+    report = run_cli(asyncio.run, J.judge_check(cfg, labelled, max_fpr=rc.rewards.judge_max_fpr,
+                                                max_fnr=rc.rewards.judge_max_fnr))
     t = Table(title=f"judge check — {cfg.model} ({'OK' if report.ok else 'REFUSED'})", show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("adversarial suite", "all refused" if not report.adversarial_failures else
-              "\n".join(f"[red]{x}" for x in report.adversarial_failures))
+    # "all refused" only when every case got a verdict: a case the judge never answered was not refused
+    suite = [f"[red]passed: {x}" for x in report.adversarial_failures]
+    if report.adversarial_no_verdict:
+        suite.append(f"[yellow]no verdict on {len(report.adversarial_no_verdict)} of "
+                     f"{len({c.name for c in report.adversarial})}: {', '.join(report.adversarial_no_verdict)}")
+    t.add_row("adversarial suite", "\n".join(suite) or "all refused")
     rate = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
     t.add_row("false-positive rate", f"{rate(report.fpr)} ({report.fp} of {report.fp + report.tn} wrong answers passed)")
     t.add_row("false-negative rate", f"{rate(report.fnr)} ({report.fn} of {report.fn + report.tp} right answers failed)")
-    t.add_row("no verdict", f"{report.no_verdict}")
+    adv_none = sum(c.result.state == "no_verdict" for c in report.adversarial)
+    reasons = report.no_verdict_reasons
+    t.add_row("no verdict", f"{report.no_verdict} of {len(report.gold)} gold answers, {adv_none} of "
+                            f"{len(report.adversarial)} adversarial cases"
+              + "".join(f"\n[yellow]{r}" for r in reasons[:3]))
     t.add_row("problems", "\n".join(report.problems) or "-")
     console.print(t)
     raise typer.Exit(0 if report.ok else 1)

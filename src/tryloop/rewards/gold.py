@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from tryloop.errors import TryloopError
 from tryloop.rewards.spec import RewardSpec
@@ -32,6 +32,7 @@ from tryloop.rewards.verifier import decode_changes, encode_changes, verify
 from tryloop.sandbox import SandboxRuntime
 from tryloop.tasks.model import Task
 
+_T = TypeVar("_T")
 VerifyFn = Callable[[SandboxRuntime, Task, Submission, RewardSpec], Awaitable[Verdict]]
 
 
@@ -61,6 +62,50 @@ class GoldItem:
         return Submission(changes=decode_changes(self.changes), commands=list(self.commands))
 
 
+def read_jsonl(path: Path, what: str, parse: Callable[[dict], _T]) -> list[_T]:
+    """`parse` of every line of the JSONL file at `path` ([] when there is none), or a
+    TryloopError naming the file (and line) that cannot be read as `what`."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise TryloopError(f"{path}: cannot read the {what}s there: {e}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                doc = json.loads(line)
+                if not isinstance(doc, dict):
+                    raise TypeError(f"a JSON object is needed, not {type(doc).__name__}")
+                out.append(parse(doc))
+            except (ValueError, TypeError) as e:
+                raise TryloopError(f"{path}:{n}: not a {what}: {e}") from None
+    return out
+
+
+def append_jsonl(path: Path, docs: Iterable[dict], **dumps: Any) -> int:
+    """Append one JSON line per doc, fsynced; returns how many. A last line left without its
+    newline (a write cut short) is ended first, so that the new lines start lines of their
+    own instead of joining it into one line that reads as neither."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+b") as f:
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            n = 0
+            for doc in docs:
+                f.write((json.dumps(doc, **dumps) + "\n").encode())
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise TryloopError(f"{path}: cannot append to it: {e}") from None
+    return n
+
+
 class GoldSet:
     """Gold items in a JSONL file (one per line, appended; later lines replace same ids)."""
 
@@ -68,27 +113,10 @@ class GoldSet:
         self.path = Path(path)
 
     def items(self) -> list[GoldItem]:
-        out: dict[str, GoldItem] = {}
-        if self.path.exists():
-            for n, line in enumerate(self.path.read_text().splitlines(), 1):
-                if line.strip():
-                    try:
-                        item = GoldItem(**json.loads(line))
-                    except (ValueError, TypeError) as e:
-                        raise TryloopError(f"{self.path}:{n}: not a gold item: {e}") from None
-                    out[item.id] = item
-        return list(out.values())
+        return list({i.id: i for i in read_jsonl(self.path, "gold item", lambda d: GoldItem(**d))}.values())
 
     def add(self, items: Iterable[GoldItem]) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        n = 0
-        with self.path.open("a") as f:
-            for item in items:
-                f.write(json.dumps(asdict(item), sort_keys=True) + "\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        return n
+        return append_jsonl(self.path, (asdict(item) for item in items), sort_keys=True)
 
 
 def builtin_items(task: Task) -> list[GoldItem]:

@@ -41,6 +41,7 @@ from string import Template
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from tryloop.errors import ConfigError
 from tryloop.llm.client import ChatClient
@@ -255,7 +256,9 @@ def parse_score(text: str) -> tuple[int, str] | str:
 # -- the gate ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+# Validated (strictly: "correct" must be a JSON boolean), since these come from a hand-written
+# file and a label read the wrong way would count towards the wrong rate.
+@pydantic_dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
 class LabelledAnswer:
     """A gold example: an answer to a task, labelled by a person (or a verifier) as correct or not."""
 
@@ -287,6 +290,20 @@ class JudgeCheckReport:
     def adversarial_failures(self) -> list[str]:
         """Names of adversarial cases the judge let pass (each one is a hole)."""
         return sorted({c.name for c in self.adversarial if c.result.state == "pass"})
+
+    @property
+    def adversarial_no_verdict(self) -> list[str]:
+        """Names of adversarial cases the judge gave no verdict on: not shown to be refused."""
+        return sorted({c.name for c in self.adversarial if c.result.state == "no_verdict"})
+
+    @property
+    def no_verdict_reasons(self) -> list[str]:
+        """Why cases got no verdict (a failed call, a malformed reply), each reason once, most common first."""
+        counts: dict[str, int] = {}
+        for c in (*self.adversarial, *self.gold):
+            if c.result.state == "no_verdict":
+                counts[c.result.reason] = counts.get(c.result.reason, 0) + 1
+        return sorted(counts, key=lambda r: -counts[r])
 
     def _count(self, expected: bool, state: JudgeState) -> int:
         return sum(1 for c in self.gold if c.expected_pass == expected and c.result.state == state)
@@ -343,6 +360,10 @@ class JudgeCheckReport:
         if self.no_verdict_rate is not None and self.no_verdict_rate > self.max_no_verdict_rate:
             out.append(f"no-verdict rate {self.no_verdict_rate:.3f} ({self.no_verdict}/{len(self.gold)}) "
                        f"> {self.max_no_verdict_rate}")
+        if out and (reasons := self.no_verdict_reasons):
+            # Why the judge did not answer (a server that cannot be reached, say) is the first thing to fix.
+            more = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+            out.append(f"no verdict: {reasons[0]}{more}")
         return out
 
     @property

@@ -108,3 +108,12 @@ class RewardsConfig(_Model):
     gate_families: int | None = Field(3, ge=1, description="at most this many families in the gate "
                                                               "(None: all); sampled by fingerprint, stable")
     concurrency: int = Field(2, ge=1, description="verifier runs at once")
+    spot_check_uniform: int = Field(5, ge=0, description="`reward spot-check`: uniformly sampled items "
+                                                         "besides the anomalies")
+    spot_check_seed: int = Field(0, description="`reward spot-check`: seed of the uniform sample")
+    judge_gold_path: Path | None = Field(None, description="`reward judge-check`: labelled answers (JSONL of "
+                                                           "task_instruction, answer, correct, id)")
+    judge_max_fpr: float = Field(0.05, ge=0, le=1, description="`reward judge-check`: highest false-positive "
+                                                                "rate a judge may have")
+    judge_max_fnr: float = Field(0.2, ge=0, le=1, description="`reward judge-check`: highest false-negative "
+                                                               "rate a judge may have")

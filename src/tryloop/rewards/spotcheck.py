@@ -9,7 +9,6 @@ and become ``human:<label>`` gold items.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from tryloop.agent.trajectory import Trajectory
-from tryloop.rewards.gold import GoldItem
+from tryloop.rewards.gold import GoldItem, append_jsonl, read_jsonl
 from tryloop.rewards.rules import changed_lines
 from tryloop.rewards.verifier import ALWAYS_PROTECTED, decode_changes, is_protected
 from tryloop.tasks.model import DEFAULT_PROTECTED
@@ -98,20 +97,17 @@ class LabelStore:
             raise ValueError(f"label must be one of {LABELS}, got {label.label!r}")
         label.time = label.time or time.time()
         label.reviewer = label.reviewer or os.environ.get("USER", "")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(asdict(label)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path, [asdict(label)])
 
     def labels(self) -> dict[str, SpotLabel]:
-        out: dict[str, SpotLabel] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    lab = SpotLabel(**json.loads(line))
-                    out[lab.episode_id] = lab
-        return out
+        return {lab.episode_id: lab for lab in read_jsonl(self.path, "spot-check label", _label)}
+
+
+def _label(doc: dict) -> SpotLabel:
+    lab = SpotLabel(**doc)
+    if lab.label not in LABELS:
+        raise ValueError(f"label must be one of {LABELS}, got {lab.label!r}")
+    return lab
 
 
 def to_gold(labels: dict[str, SpotLabel], trajectories: list[Trajectory], family_of: dict[str, str]) -> list[GoldItem]:

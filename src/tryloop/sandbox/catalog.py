@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tryloop.sandbox.images import Image, load_image
-from tryloop.sandbox.layers import LayerError, LayerStore
+from tryloop.sandbox.images import Image, ImageError, load_image
+from tryloop.sandbox.layers import LayerError, LayerStore, Snapshot, SnapshotNotFound
 
 _HEX = re.compile(r"[0-9a-f]{6,64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9._-]+)?")
@@ -37,10 +37,18 @@ def _tags_file(store: LayerStore) -> Path:
 
 
 def tags(store: LayerStore) -> dict[str, str]:
+    path = _tags_file(store)
     try:
-        return dict(json.loads(_tags_file(store).read_text()))
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise ImageError(f"image names file {path} cannot be read ({e}); restore it, or remove it to drop "
+                         "every name (the images stay, by id)") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+        raise ImageError(f"image names file {path} is not an object of name: image id; restore it, or remove it "
+                         "to drop every name (the images stay, by id)")
+    return doc
 
 
 def _write_tags(store: LayerStore, t: dict[str, str]) -> None:
@@ -82,15 +90,45 @@ def resolve(store: LayerStore, ref: str) -> str:
     raise KeyError(f"no image named {ref!r} in the store at {store.root} (see `tryloop image ls`)")
 
 
+def load_record(store: LayerStore, image_id: str) -> Image | None:
+    """The image record `image_id`, None when it is gone (removed since it was listed), or
+    ImageError naming the file when it cannot be read: a record that is skipped instead
+    would hide the image, and `prune` would take its layers."""
+    path = store.root / "images" / f"{image_id}.json"
+    try:
+        return load_image(store, image_id)
+    except KeyError as e:
+        if not path.exists():
+            return None
+        problem = f"no {e.args[0]!r} field"
+    except (OSError, ValueError, TypeError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
+        problem = str(e)
+    raise ImageError(f"image record {path} cannot be read ({problem}); nothing was changed: restore it, or remove "
+                     "the file to drop the image (its layers go at the next `tryloop image prune`)")
+
+
+def _images(store: LayerStore) -> list[Image]:
+    """Every image record of the store (ImageError if one cannot be read)."""
+    return [img for iid in image_ids(store) if (img := load_record(store, iid)) is not None]
+
+
+def _snapshots(store: LayerStore) -> list[Snapshot]:
+    """Every saved snapshot, on disk or in memory; a corrupt record is a LayerError naming it,
+    never skipped (its layers would look unused)."""
+    out = []
+    for sid in store.list_snapshots():
+        with contextlib.suppress(SnapshotNotFound):  # removed since it was listed
+            out.append(store.load_snapshot(sid))
+    return out
+
+
 def _snapshot_images(store: LayerStore) -> tuple[set[str], set[str]]:
     """(images, layers) referenced by saved snapshots."""
     images: set[str] = set()
     layers: set[str] = set()
-    for sid in store.list_snapshots():
-        with contextlib.suppress(OSError, ValueError, LayerError, KeyError):
-            snap = store.load_snapshot(sid)  # on disk or in memory
-            images.add(snap.image)
-            layers.update(snap.layers)
+    for snap in _snapshots(store):
+        images.add(snap.image)
+        layers.update(snap.layers)
     return images, layers
 
 
@@ -121,19 +159,14 @@ def list_images(store: LayerStore) -> list[ImageRow]:
     by_id: dict[str, list[str]] = {}
     for name, iid in t.items():
         by_id.setdefault(iid, []).append(name)
-    images = []
-    for iid in image_ids(store):
-        with contextlib.suppress(KeyError, ValueError):
-            images.append(load_image(store, iid))
+    images = _images(store)
     uses: dict[str, int] = {}
     for img in images:
         for layer in set(img.layers):
             uses[layer] = uses.get(layer, 0) + 1
     snap_count: dict[str, int] = {}
-    for sid in store.list_snapshots():
-        with contextlib.suppress(OSError, ValueError, LayerError, KeyError):
-            image = store.load_snapshot(sid).image  # on disk or in memory
-            snap_count[image] = snap_count.get(image, 0) + 1
+    for snap in _snapshots(store):
+        snap_count[snap.image] = snap_count.get(snap.image, 0) + 1
     cache: dict[str, int] = {}
     rows = []
     for img in images:
@@ -183,9 +216,8 @@ class PruneReport:
 def prune(store: LayerStore, *, grace_s: float = 600.0, dry_run: bool = False) -> PruneReport:
     """Remove layers no image and no snapshot references (see the module doc)."""
     keep: set[str] = set()
-    for iid in image_ids(store):
-        with contextlib.suppress(KeyError, ValueError):
-            keep.update(load_image(store, iid).layers)
+    for img in _images(store):  # an unreadable record stops the prune before anything is removed
+        keep.update(img.layers)
     _, snap_layers = _snapshot_images(store)
     keep |= snap_layers
     rep = PruneReport()

@@ -560,8 +560,12 @@ class LayerStore:
         self.layers_dir = self.root / "layers"
         self.snapshots_dir = self.root / "snapshots"
         self.tmp_dir = self.root / "tmp"
-        for d in (self.layers_dir, self.snapshots_dir, self.tmp_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self.layers_dir, self.snapshots_dir, self.tmp_dir):
+                d.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise LayerError(f"runtime.store_dir: {self.root} cannot be a layer store: {e.filename} is not a "
+                             "directory") from None
         # Layers frozen from live sandboxes (snapshot / fork) go to a tmpfs first:
         # creating files there costs microseconds where a disk filesystem costs
         # ~0.1 ms each. They vanish at reboot; `persist` copies one to the store.

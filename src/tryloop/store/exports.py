@@ -44,6 +44,8 @@ def existing_store(url: str | Path, *, run_id: str | None = None, steps: Sequenc
                    setting: str = "store.trajectories_url") -> TrajectoryStore:
     """The trajectory store at `url`, checked to hold `run_id` and `steps` when given; never
     creates one (opening a `TrajectoryStore` would)."""
+    if not str(url).strip():  # "" would be the current directory, an empty store
+        raise ExportInputMissing(f"{setting}: empty; give the trajectory store's path or URL")
     fs, base = fsspec.core.url_to_fs(str(url))
     if not fs.isdir(base.rstrip("/") or "/"):
         raise ExportInputMissing(f"{setting}: no trajectory store at {url} (`tryloop eval` and `tryloop train` "
@@ -155,9 +157,15 @@ def _trajectories(source: Source, run_id: str | None, step: Steps, verdict: str 
 
 
 def _out(url: str | Path) -> tuple[fsspec.AbstractFileSystem, str]:
+    if not str(url).strip():
+        raise TryloopError("export destination: empty; give a directory (local or an fsspec URL)")
     fs, base = fsspec.core.url_to_fs(str(url))
     base = base.rstrip("/") or "/"
-    fs.makedirs(base, exist_ok=True)
+    try:
+        fs.makedirs(base, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise TryloopError(f"export destination {url}: a file is in the way ({e.strerror}: {e.filename}); "
+                           "give a directory") from None
     return fs, base
 
 
@@ -228,6 +236,35 @@ def _front_matter(text: str) -> dict[str, Any]:
     return {}
 
 
+def _existing_card(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
+    """The front matter of the dataset card tryloop wrote at `path` ({} when there is none).
+    Any other README is refused, never replaced: it is someone's writing, not ours."""
+    if not fs.exists(path):
+        return {}
+
+    def refused(why: str) -> TryloopError:
+        return TryloopError(f"{path} is not a dataset card tryloop wrote ({why}); nothing was exported: move it "
+                            "away or export to another directory")
+
+    try:
+        card = _front_matter(fs.cat_file(path).decode())
+    except (OSError, UnicodeDecodeError) as e:
+        raise refused(f"cannot read it: {e}") from None
+    except yaml.YAMLError as e:
+        raise refused(f"its front matter is not valid YAML: {str(e).splitlines()[0]}") from None
+    if "tryloop" not in (card.get("tags") or []):
+        raise refused("no tryloop front matter")
+    info, configs = card.get("dataset_info") or {}, card.get("configs") or []
+    if not (isinstance(info, dict) and _dicts(info.get("splits")) and isinstance(configs, list) and _dicts(configs)
+            and all(_dicts(c.get("data_files")) for c in configs)):
+        raise refused("its dataset_info or configs are not in the card's form")
+    return card
+
+
+def _dicts(items: Any) -> bool:
+    return items is None or isinstance(items, list) and all(isinstance(i, dict) for i in items)
+
+
 def export_hf(source: Source, out: str | Path, *, run_id: str | None = None, step: Steps = None,
               split: str = "train", rows_per_shard: int = 10_000, title: str = "tryloop trajectories",
               description: str = "") -> Export:
@@ -241,11 +278,16 @@ def export_hf(source: Source, out: str | Path, *, run_id: str | None = None, ste
     the store's (docs/trajectories.md) except: `messages` is a list of OpenAI chat
     messages (not JSON text), the map columns are JSON text, `written_at_ns` is
     dropped. Exporting another split into the same directory keeps the card's other
-    splits; re-exporting a split replaces its shards.
+    splits; re-exporting a split replaces its shards. A README.md there that is not a card
+    tryloop wrote is refused before anything is written.
     """
     if rows_per_shard < 1:
         raise ValueError(f"rows_per_shard must be >= 1, not {rows_per_shard}")
     fs, base = _out(out)
+    card_path = f"{base}/README.md"
+    # Checked before anything is written: shards replaced under a card that cannot be
+    # updated would disagree with it.
+    card = _existing_card(fs, card_path)
     data = f"{base}/data"
     fs.makedirs(data, exist_ok=True)
     stamp = time.time_ns()
@@ -281,8 +323,6 @@ def export_hf(source: Source, out: str | Path, *, run_id: str | None = None, ste
     for stale in old - set(files):
         fs.rm(stale)
 
-    card_path = f"{base}/README.md"
-    card = _front_matter(fs.cat_file(card_path).decode()) if fs.exists(card_path) else {}
     info = card.get("dataset_info") or {}
     splits = [s for s in info.get("splits") or [] if s.get("name") != split]
     splits.append({"name": split, "num_bytes": nbytes, "num_examples": rows})

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from tryloop.agent.trajectory import Trajectory
-from tryloop.errors import TryloopError
+from tryloop.errors import ConfigError, TryloopError
 from tryloop.store.schema import (
     FILE_SCHEMA,
     SCHEMA,
@@ -96,6 +96,8 @@ def _makedirs_durable(path: str) -> None:
 class TrajectoryStore:
     def __init__(self, url: str | Path, *, compression: str = "zstd"):
         self.url = str(url)
+        if not self.url.strip():  # "" would make the current directory a trajectory store
+            raise ConfigError("store.trajectories_url: empty; give the trajectory store's path or URL")
         self.fs, base = fsspec.core.url_to_fs(self.url)
         self.base = base.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
@@ -103,7 +105,13 @@ class TrajectoryStore:
         # pyarrow reads through its own file system objects; fsspec ones are wrapped.
         self._pafs = pafs.LocalFileSystem() if self.local else pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
         if self.local:
-            _makedirs_durable(self.base)
+            try:
+                if os.path.lexists(self.base) and not os.path.isdir(self.base):
+                    raise NotADirectoryError(20, "not a directory", self.base)
+                _makedirs_durable(self.base)
+            except (FileExistsError, NotADirectoryError) as e:
+                raise ConfigError(f"store.trajectories_url: {self.url} cannot be a trajectory store: "
+                                  f"{e.filename} is not a directory") from None
         else:
             self.fs.makedirs(self.base, exist_ok=True)
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from pydantic import ValidationError
 
-from tryloop.errors import TryloopError
+from tryloop.errors import ConfigError, TryloopError
 from tryloop.tasks.model import Task, TaskMeta
 
 
@@ -63,13 +64,29 @@ def _key(task_id: str) -> str:
 
 
 class TaskStore:
-    def __init__(self, url: str | Path, cache_dir: Path | None = None):
+    def __init__(self, url: str | Path, cache_dir: Path | None = None, *, create: bool = True,
+                 setting: str = "tasks.store_url"):
+        """The store at `url` (`setting` names where the URL came from, for errors). With
+        `create` false it must exist already: commands that only read never make one where a
+        path was mistyped."""
         self.url = str(url)
+        if not self.url.strip():  # "" would make the current directory a task store
+            raise ConfigError(f"{setting}: empty; give the task store's path or URL")
         self.fs, self.base = fsspec.core.url_to_fs(self.url)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.cache_dir = cache_dir or Path(tempfile.gettempdir()) / "tryloop-task-cache"
-        for sub in ("tasks", "index", "stats", "builds"):
-            self.fs.makedirs(f"{self.base}/{sub}", exist_ok=True)
+        if not create:
+            if not self.fs.isdir(self.base):
+                what = "not a directory" if self.fs.exists(self.base) else "no such directory"
+                raise ConfigError(f"{setting}: no task store at {self.url} ({what}); `tryloop tasks build-default` "
+                                  "or `tryloop tasks import` make one")
+            return
+        try:
+            for sub in ("tasks", "index", "stats", "builds"):
+                self.fs.makedirs(f"{self.base}/{sub}", exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise ConfigError(f"{setting}: {self.url} cannot be a task store: {e.filename or self.url} is "
+                              "not a directory") from None
 
     def __repr__(self) -> str:
         return f"<TaskStore {self.url}>"
@@ -175,9 +192,7 @@ class TaskStore:
     def entries(self) -> list[Entry]:
         out = []
         for path in sorted(self.fs.glob(f"{self.base}/index/*.json")):
-            doc = self._parse(path)
-            out.append(Entry(doc["id"], doc["fingerprint"], TaskMeta.model_validate(doc["meta"]),
-                             doc["added"], doc.get("gate", {})))
+            out.append(self._entry(path))
         return out
 
     def entry(self, fingerprint: str) -> Entry:
@@ -235,8 +250,8 @@ class TaskStore:
         path = f"{self.base}/rejections.jsonl"
         if not self.fs.exists(path):
             return []
-        return [self._parse(path, line, n) for n, line in enumerate(self.fs.cat_file(path).decode().splitlines(), 1)
-                if line.strip()]
+        return [self._object(f"{path}, line {n}", self._parse(path, line, n))
+                for n, line in enumerate(self.fs.cat_file(path).splitlines(), 1) if line.strip()]
 
     # ---- helpers ---------------------------------------------------------------
 
@@ -244,8 +259,26 @@ class TaskStore:
         """The entry of a whole fingerprint, read from its own index file (None: no such file)."""
         if len(fingerprint) != 64 or not self.has(fingerprint):
             return None
-        doc = self._read_json(f"index/{fingerprint}.json")
-        return Entry(doc["id"], fingerprint, TaskMeta.model_validate(doc["meta"]), doc["added"], doc.get("gate", {}))
+        return self._entry(f"{self.base}/index/{fingerprint}.json")
+
+    def _entry(self, path: str) -> Entry:
+        """The entry an index file records, or StoreCorrupt naming the file."""
+        doc = self._parse(path)
+        try:
+            if not isinstance(doc, dict):
+                raise TypeError(f"a JSON object is needed, not {type(doc).__name__}")
+            gate = doc.get("gate", {})
+            if not isinstance(doc["id"], str) or not isinstance(doc["fingerprint"], str) or not isinstance(gate, dict):
+                raise TypeError("id and fingerprint must be strings, gate an object")
+            return Entry(doc["id"], doc["fingerprint"], TaskMeta.model_validate(doc["meta"]), float(doc["added"]), gate)
+        except KeyError as e:
+            problem = f"no {e.args[0]!r} field"
+        except ValidationError as e:
+            problem = "; ".join(f"meta.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        except (TypeError, ValueError) as e:
+            problem = str(e)
+        raise StoreCorrupt(f"task store file {path} is not an index entry ({problem}); it was changed outside "
+                           "tryloop: restore it, or remove it and what it recorded with it")
 
     def _write_json(self, rel: str, doc: dict[str, Any]) -> None:
         path = f"{self.base}/{rel}"
@@ -255,7 +288,15 @@ class TaskStore:
         self.fs.mv(tmp, path)
 
     def _read_json(self, rel: str) -> dict[str, Any]:
-        return self._parse(f"{self.base}/{rel}")
+        return self._object(f"{self.base}/{rel}", self._parse(f"{self.base}/{rel}"))
+
+    @staticmethod
+    def _object(where: str, doc: Any) -> dict[str, Any]:
+        """`doc` where every reader expects a JSON object, or StoreCorrupt naming the file."""
+        if not isinstance(doc, dict):
+            raise StoreCorrupt(f"task store file {where} holds a JSON {type(doc).__name__}, not an object; it was "
+                               "changed outside tryloop: restore it, or remove it and what it recorded with it")
+        return doc
 
     def _parse(self, path: str, text: str | bytes | None = None, line: int | None = None) -> Any:
         """JSON from a store file (or one line of it), or an error naming the file: a store is

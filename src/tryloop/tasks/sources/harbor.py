@@ -464,14 +464,46 @@ async def build_environment(runtime, task: Task, *, options=None, on_step=None, 
 _COPY_WS_RE = re.compile(r"^\s*COPY\s+(--\S+\s+)*\.?/?workspace/?\s+/workspace/?\s*$", re.M | re.I)
 
 
+def _is_task_dir(path: Path) -> bool:
+    """Whether `path` holds a tryloop task (an earlier export, say): its task.toml has [metadata.tryloop]."""
+    try:
+        return "tryloop" in tomllib.loads((path / "task.toml").read_text()).get("metadata", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return False
+
+
 def export_harbor(task: Task, dest: str | Path) -> Path:
-    """Write `task` as a Harbor task directory at `dest` (replaced if it exists); return `dest`."""
+    """Write `task` as a Harbor task directory at `dest`; return `dest`.
+
+    `dest` may be new, an empty directory or a task directory (an earlier export), which
+    is replaced; anything else is refused and left as it is. The export is written beside
+    it and moved into place, so a failed export leaves `dest` as it was."""
     dest = Path(dest)
     if dest.resolve() == task.root.resolve() or dest.resolve().is_relative_to(task.root.resolve()):
         raise SourceError(f"{dest}: must lie outside the task {task.root}")
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(task.root, dest, symlinks=True,
+    if dest.is_symlink() or dest.exists():
+        if dest.is_symlink() or not dest.is_dir():
+            raise SourceError(f"{dest}: exists and is not a directory; give a new or empty directory to export to")
+        if any(dest.iterdir()) and not _is_task_dir(dest):
+            raise SourceError(f"{dest}: not empty and not a task directory; nothing was written: give a new or "
+                              "empty directory to export to")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".export", dir=dest.parent))
+    except (FileExistsError, NotADirectoryError) as e:
+        raise SourceError(f"{dest}: cannot export there: {e.filename or dest.parent} is not a directory") from None
+    try:
+        _write_harbor(task, tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _write_harbor(task: Task, dest: Path) -> None:
+    shutil.copytree(task.root, dest, symlinks=True, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns(".task.toml.tmp", "__pycache__", "*.pyc"))
     (dest / "environment" / "workspace").mkdir(parents=True, exist_ok=True)
     dockerfile = dest / "environment" / "Dockerfile"
@@ -485,4 +517,3 @@ def export_harbor(task: Task, dest: str | Path) -> Path:
     # task.toml written anew: a task stored before (with Harbor's deprecated allow_internet, say)
     # exports as today's Harbor reads it; nothing that decides grading is in the Harbor sections
     Task.load(dest).save_meta()
-    return dest
