@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from tryloop._model import _Model  # re-exported: the base of every config model
 from tryloop.errors import ConfigError
@@ -98,12 +98,55 @@ class ImagesConfig(_Model):
     prune_grace_s: float = Field(600.0, ge=0, description="prune keeps layers younger than this (builds in progress)")
     run_image: str | None = Field(None, description="image of `tryloop sandbox run` and `shell` (name or id); "
                                                     "none: the host-derived root")
+    tag: str | None = Field(None, min_length=1, description="the name (name[:tag], :latest if none) `tryloop image "
+                                                            "build`, `import` and `debian` give the image; null: "
+                                                            "none (import: the archive's own names)")
+    quiet: bool = Field(False, description="`tryloop image build` and `debian` do not stream the output of RUN "
+                                           "steps and maintainer scripts")
 
 
 class PoolConfig(_Model):
     size: int = Field(4, ge=0, description="idle sandboxes kept ready per snapshot")
     max_live: int = Field(1024, ge=1, description="upper bound on sandboxes of this pool alive at once")
     refill_concurrency: int = Field(2, ge=1)
+
+
+class SynthConfig(_Model):
+    """`tasks.synth`: what `tryloop tasks synth` makes. Every flag but the project's (PATH, --git,
+    --pypi, --test-command) sets one of these."""
+
+    keep: int = Field(8, ge=1, description="a project: mutation tasks to keep")
+    operators: list[str] | None = Field(None, min_length=1, description="a project: the AST mutation operators "
+                                                                        "used; null: all")
+    family: Literal["data", "docs", "ops"] | None = Field(None, description="a generated family instead of a "
+                                                                            "project; null: a project")
+    count: int | None = Field(None, ge=1, description="family: candidates to make; null: per_family of every "
+                                                      "template")
+    per_family: int = Field(3, ge=1, description="family: variants per template")
+    tier: int | None = Field(None, ge=1, le=3, description="family: only templates of this tier (1-3); null: all")
+    substeps: bool = Field(False, description="a project: bug-fix tasks declare the sub-steps 'a test that "
+                                              "reproduces the bug' (weight 1), then 'the fix passes' (weight 3)")
+
+    @field_validator("operators")
+    @classmethod
+    def _known_operators(cls, names: list[str] | None) -> list[str] | None:
+        # Imported only when some are named (the config module stays light).
+        from tryloop.tasks.mutate import OPERATORS
+
+        unknown = [n for n in names or () if n not in OPERATORS]
+        if unknown:
+            raise ValueError(f"unknown mutation operator(s) {', '.join(unknown)}; known: {', '.join(sorted(OPERATORS))}")
+        return names
+
+
+class DefaultSuiteConfig(_Model):
+    """`tasks.build_default`: the size of the bundled suite `tryloop tasks build-default` makes."""
+
+    per_project: int = Field(8, ge=0, description="mutation tasks per bundled project")
+    humaneval: int | None = Field(None, ge=0, description="HumanEval problems; null: all")
+    data_per_family: int = Field(3, ge=0, description="data-analysis variants per question template (24)")
+    docs_per_family: int = Field(5, ge=0, description="structured-document variants per (kind, tier) family (12)")
+    ops_per_family: int = Field(4, ge=0, description="broken-service variants per fault plan (14)")
 
 
 class TasksConfig(_Model):
@@ -133,6 +176,21 @@ class TasksConfig(_Model):
     pypi_image: str | None = Field(None, description="`tasks synth --pypi`: the image (name or id) the tasks run "
                                                      "on, or with pypi_build_extensions the one their environment "
                                                      "is built on; null: the host-derived root")
+    import_limit: int | None = Field(None, ge=1, description="`tasks import --humaneval / --swebench`: at most "
+                                                             "this many tasks; null: all")
+    import_build: bool = Field(True, description="`tasks import`: build the environment image of a Harbor task "
+                                                 "whose Dockerfile has RUN steps, or of a SWE-bench instance "
+                                                 "with dependencies; false: the host-derived root")
+    import_find_links: Path | None = Field(None, description="`tasks import --swebench`: install the "
+                                                             "dependencies from this directory of wheels "
+                                                             "(offline, pip --no-index); null: the index")
+    variant_kind: Literal["rename", "reorder", "reformat"] = Field(
+        "rename", description="`tasks variant`: the transform (identifiers renamed, definitions reordered, "
+                              "code reformatted)")
+    synth: SynthConfig = Field(default_factory=SynthConfig, description="what `tryloop tasks synth` makes")
+    build_default: DefaultSuiteConfig = Field(default_factory=DefaultSuiteConfig,
+                                              description="the size of the suite `tryloop tasks build-default` "
+                                                          "makes")
     seed: int = 0
 
     def eval_fraction_for(self, source: str | None) -> float:
@@ -202,28 +260,36 @@ class TryloopConfig(_Model):
     serve: ServeConfig = Field(default_factory=ServeConfig)
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def _describe(err: ValidationError, source: str, flags: dict[str, str] | None = None) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']}")
+        # A value a flag gave is named by the flag too: the user typed the flag, not the field.
+        flag = next((f for field, f in (flags or {}).items() if loc == field or loc.startswith(field + ".")), None)
+        lines.append(f"  {flag} ({loc}): {e['msg']}" if flag else f"  {loc}: {e['msg']}")
     return "\n".join(lines)
 
 
-def parse(model: type[M], data: dict[str, Any], source: str = "<config>") -> M:
+def parse(model: type[M], data: dict[str, Any], source: str = "<config>", flags: dict[str, str] | None = None) -> M:
+    """`data` validated as `model`; errors name `source` and each field (`flags`: the command-line
+    flag that set a field, by its dotted path, named with it)."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, source)) from None
+        raise ConfigError(_describe(err, source, flags)) from None
 
 
 def load_yaml(path: str | Path, model: type[M] = TryloopConfig) -> M:  # type: ignore[assignment]
     """Load and validate a YAML file; errors name the file and the field."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {p} is not UTF-8 text: {err.reason} at byte {err.start}") from None
+    except OSError as err:     # a directory, no permission, an I/O error
+        raise ConfigError(f"config file {p} cannot be read: {err.strerror or err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):

@@ -257,3 +257,70 @@ def test_the_browser_harness_sees_console_errors():
         page.wait_for("document.readyState === 'complete'")
         page.pump(0.5)
         assert page.errors[0] == "console.error: boom" and "TypeError" in page.errors[1]
+
+
+def test_an_unreadable_trajectory_part_is_named_and_the_others_are_shown(run):
+    _, url, client = run
+    good = client.get(f"/api/runs/{RUN}/trajectories", params={"step": 1}).json()
+    assert good["warnings"] == [] and good["trajectories"]
+    store = TrajectoryStore(url)
+    part = store.parts(RUN, 2)[0].path
+    episode = client.get(f"/api/runs/{RUN}/trajectories", params={"step": 2}).json()["trajectories"][0]
+    fresh = TestClient(create_app(Dashboard(run[0], url)))       # nothing cached from the part
+    Path(part).write_bytes(Path(part).read_bytes()[:100])        # cut short
+    r = fresh.get(f"/api/runs/{RUN}/trajectories")
+    assert r.status_code == 200 and [w["file"] for w in r.json()["warnings"]] == [part]
+    assert "unreadable trajectory part" in r.json()["warnings"][0]["error"]
+    assert {t["step"] for t in r.json()["trajectories"]} == set(range(STEPS)) - {2}
+    # one episode of that part: an error naming it, as JSON
+    r = fresh.get(f"/api/trajectories/{episode['episode_id']}", params={"run": RUN, "step": 2})
+    assert r.status_code == 500 and part in r.json()["error"]
+    # a run whose curves come from its episodes names the part in its warnings
+    eval_run = f"{RUN}-eval-{STEPS - 1}"
+    epart = store.parts(eval_run)[0].path
+    Path(epart).write_bytes(b"PAR1")
+    doc = fresh.get(f"/api/runs/{eval_run}").json()
+    assert [w["file"] for w in doc["warnings"]] == [epart]
+
+
+def test_an_unfinished_or_undecodable_last_line_is_named(run, tmp_path):
+    runs_dir, _, client = run
+    path = runs_dir / RUN / "metrics.jsonl"
+    path.write_bytes(b"\xff\xfe")
+    doc = client.get(f"/api/runs/{RUN}").json()
+    assert doc["metrics"] == [] and [(w["file"], w["line"]) for w in doc["warnings"]] == [(str(path), 1)]
+    assert "not UTF-8" in doc["warnings"][0]["error"]
+    # after good lines; a line still being written (a multi-byte character cut in two included)
+    # waits without a warning and is read once it ends
+    tail = JsonlTail(tmp_path / "m.jsonl")
+    (tmp_path / "m.jsonl").write_bytes(b'{"step": 0}\n\xff{"step": 1}')
+    rows, errors = tail.read()
+    assert [r["step"] for r in rows] == [0] and [e["line"] for e in errors] == [2]
+    (tmp_path / "m.jsonl").write_bytes(b'{"step": 0}\n{"step": 1, "note": "\xc3')
+    rows, errors = tail.read()
+    assert [r["step"] for r in rows] == [0] and errors == []
+    with open(tmp_path / "m.jsonl", "ab") as f:
+        f.write(b'\xa9"}\n')
+    rows, errors = tail.read()
+    assert [r["step"] for r in rows] == [0, 1] and errors == []
+
+
+def test_a_port_that_cannot_be_bound_names_the_field(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    tryloop = Path(sys.executable).parent / "tryloop"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for args, words in ((["--port", str(port)], "address already in use"),
+                            (["--host", "999.1.1.1", "--port", "0"], "999.1.1.1:0")):
+            res = subprocess.run([str(tryloop), "dashboard", "--runs-dir", str(tmp_path / "runs"),
+                                  "--trajectories", str(tmp_path / "t"), *args],
+                                 capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"})
+            assert res.returncode == 78, res.stderr
+            assert "serve.dashboard.port" in res.stderr and words in res.stderr
+            assert "Traceback" not in res.stderr

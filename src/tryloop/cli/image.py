@@ -19,7 +19,8 @@ app = typer.Typer(help="Sandbox images: Dockerfile builds, OCI archives, listing
                   no_args_is_help=True)
 
 StoreDir = Annotated[Path | None, typer.Option("--store-dir", help="runtime.store_dir")]
-Tag = Annotated[str | None, typer.Option("--tag", "-t", help="name the image (name[:tag], :latest if none)")]
+Tag = Annotated[str | None, typer.Option("--tag", "-t", help="images.tag: name the image (name[:tag], :latest "
+                                                              "if none)")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
@@ -46,7 +47,22 @@ def _build_args(items: list[str] | None) -> dict[str, str] | None:
 def _store(cfg):
     from tryloop.sandbox.layers import LayerStore
 
-    return LayerStore(cfg.runtime.store_dir)
+    return run_cli(LayerStore, cfg.runtime.store_dir)
+
+
+def _open_existing(root: Path):
+    from tryloop.sandbox.layers import LayerStore
+
+    if not (root / "layers").is_dir():
+        what = "no such directory" if not root.exists() else "not a directory" if not root.is_dir() else "no layers/"
+        raise ConfigError(f"runtime.store_dir: no image store at {root} ({what}); `tryloop image build`, `import` "
+                          "and `debian` make one")
+    return LayerStore(root)
+
+
+def _existing_store(cfg):
+    """The store of a command that reads or cleans up: never one made where a path was mistyped."""
+    return run_cli(_open_existing, Path(cfg.runtime.store_dir))
 
 
 @app.command()
@@ -58,7 +74,8 @@ def build(
     network: Annotated[bool | None, typer.Option("--network/--no-network", help="images.build_network")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="images.build_timeout_s")] = None,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="images.build_memory_mb")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="do not stream RUN output")] = False,
+    quiet: Annotated[bool | None, typer.Option("--quiet/--no-quiet", "-q", help="images.quiet: do not stream RUN "
+                                                                              "output")] = None,
     config: ConfigOpt = None, store_dir: StoreDir = None,
 ) -> None:
     """Build a Dockerfile into an image; each step is a cached layer. Prints the image id."""
@@ -68,8 +85,10 @@ def build(
     args = run_cli(_build_args, build_arg)
     cfg = run_cli(load_config, config, {
         "images.dockerfile": file, "images.build_args": args, "images.build_network": network,
-        "images.build_timeout_s": timeout, "images.build_memory_mb": memory_mb, "runtime.store_dir": store_dir})
+        "images.build_timeout_s": timeout, "images.build_memory_mb": memory_mb, "runtime.store_dir": store_dir,
+        "images.tag": tag, "images.quiet": quiet})
     ic = cfg.images
+    tag, quiet = ic.tag, ic.quiet
     dockerfile = Path(ic.dockerfile)
     if not dockerfile.is_absolute():
         dockerfile = (Path.cwd() / dockerfile) if file is not None else context / dockerfile
@@ -112,7 +131,8 @@ def import_cmd(
     from tryloop.sandbox.catalog import tag_image
     from tryloop.sandbox.oci import import_archive
 
-    cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
+    cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir, "images.tag": tag})
+    tag = cfg.images.tag
     store = _store(cfg)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
@@ -144,7 +164,8 @@ def _tag(tag_image, store, name: str, image_id: str) -> str:
 def debian(
     packages: Annotated[list[str] | None, typer.Argument(help="packages on top of the Essential set")] = None,
     tag: Tag = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="do not stream the maintainer scripts' output")] = False,
+    quiet: Annotated[bool | None, typer.Option("--quiet/--no-quiet", "-q", help="images.quiet: do not stream the "
+                                                                              "maintainer scripts' output")] = None,
     config: ConfigOpt = None, store_dir: StoreDir = None,
 ) -> None:
     """A Debian root of the host's release: Essential packages plus PACKAGES, cached by the
@@ -153,7 +174,8 @@ def debian(
     from tryloop.sandbox.catalog import tag_image
     from tryloop.sandbox.debian import debian_root
 
-    cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
+    cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir, "images.tag": tag, "images.quiet": quiet})
+    tag, quiet = cfg.images.tag, cfg.images.quiet
     rt = run_cli(SandboxRuntime, cfg.runtime)
     t0 = time.monotonic()
 
@@ -176,8 +198,8 @@ def ls(json_out: JsonOut = False, config: ConfigOpt = None, store_dir: StoreDir 
     from tryloop.sandbox.catalog import disk_usage, list_images
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _store(cfg)
-    rows = sorted(list_images(store), key=lambda r: (not r.tags, r.tags, r.image.id))
+    store = _existing_store(cfg)
+    rows = sorted(run_cli(list_images, store), key=lambda r: (not r.tags, r.tags, r.image.id))
     if json_out:
         print(json.dumps([{"id": r.image.id, "tags": r.tags, "kind": r.image.meta.get("kind"),
                            "layers": len(r.image.layers), "size_bytes": r.size_bytes,
@@ -201,18 +223,21 @@ def inspect(ref: Annotated[str, typer.Argument(help="image name, id or id prefix
     """Print an image's record (layers, env, user, workdir, metadata) as JSON."""
     from dataclasses import asdict
 
-    from tryloop.sandbox.catalog import resolve, tags
-    from tryloop.sandbox.images import load_image
+    from tryloop.sandbox.catalog import load_record, resolve, tags
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _store(cfg)
+    store = _existing_store(cfg)
     try:
-        image = load_image(store, resolve(store, ref))
+        iid = run_cli(resolve, store, ref)
+        image = run_cli(load_record, store, iid)
+        if image is None:  # removed since it was named
+            raise KeyError(f"no image named {ref!r} in the store at {store.root} (see `tryloop image ls`)")
     except KeyError as e:
         console.print(f"[bold red]error:[/] {e.args[0]}")
         raise typer.Exit(66) from None
+    names = run_cli(tags, store)
     doc = asdict(image)
-    doc["names"] = sorted(n for n, i in tags(store).items() if i == image.id)
+    doc["names"] = sorted(n for n, i in names.items() if i == image.id)
     doc["layer_bytes"] = {d: store.size_bytes(d) if store.has(d) else None for d in image.layers}
     print(json.dumps(doc, indent=1, sort_keys=True))
 
@@ -225,11 +250,11 @@ def rm(refs: Annotated[list[str], typer.Argument(help="image names, ids or id pr
     from tryloop.sandbox.catalog import remove_image
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _store(cfg)
+    store = _existing_store(cfg)
     failed = False
     for ref in refs:
         try:
-            iid, names = remove_image(store, ref, force=force)
+            iid, names = run_cli(remove_image, store, ref, force=force)
         except (KeyError, ValueError) as e:
             console.print(f"[bold red]error:[/] {ref}: {e.args[0]}")
             failed = True
@@ -248,8 +273,8 @@ def prune(dry_run: Annotated[bool, typer.Option("--dry-run", help="report only")
     from tryloop.sandbox.catalog import prune as do_prune
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir, "images.prune_grace_s": grace})
-    store = _store(cfg)
-    rep = do_prune(store, grace_s=cfg.images.prune_grace_s, dry_run=dry_run)
+    store = _existing_store(cfg)
+    rep = run_cli(do_prune, store, grace_s=cfg.images.prune_grace_s, dry_run=dry_run)
     table = Table(title=("would prune" if dry_run else "pruned") + f" {store.root}")
     for col in ("", "layers", "disk"):
         table.add_column(col, justify="right" if col else "left")

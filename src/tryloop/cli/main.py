@@ -58,7 +58,31 @@ def load_config(path: Path | None, overrides: dict[str, object]) -> TryloopConfi
         node[leaf] = value
     flags = any(v is not None for v in overrides.values())
     source = " with ".join(x for x in (str(path) if path else "", "command-line flags" if flags else "") if x)
-    return parse(TryloopConfig, data, source or "defaults")
+    return parse(TryloopConfig, data, source or "defaults", _given_flags(overrides))
+
+
+def _given_flags(overrides: dict[str, object]) -> dict[str, str]:
+    """The flag given on the command line that set each overridden field (by its dotted path): the
+    option of the running command whose help names the field (each flag's help does)."""
+    import re
+
+    try:
+        from typer._click.globals import get_current_context  # typer vendors click since 0.22
+    except ImportError:  # pragma: no cover - an older typer on click itself
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    given = [p for p in ctx.command.params if p.param_type_name == "option" and p.name
+             and getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+    out = {}
+    for dotted, value in overrides.items():
+        named = re.compile(rf"(?<![\w.]){re.escape(dotted)}(?!\w|\.\w)")
+        flag = next((p for p in given if value is not None and named.search(p.help or "")), None)
+        if flag is not None:
+            out[dotted] = max(flag.opts, key=len)
+    return out
 
 
 def field_help(dotted: str) -> str:

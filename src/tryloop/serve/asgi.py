@@ -117,9 +117,20 @@ def run_server(server: uvicorn.Server, *, setting: str, on_ready: Callable[[str]
     re-raised as KeyboardInterrupt, so the CLI ends with its documented status (130). `setting`
     names the config fields of the address, for a port that cannot be bound."""
     cfg = server.config
+    causes = _Errors()
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit:
+            # uvicorn reports a socket it cannot open (a port in use, an address of no interface
+            # here) by logging the OSError and calling sys.exit, which would escape asyncio.run as
+            # a traceback: the check below names the field instead.
+            if server.started:
+                raise
 
     async def main() -> None:
-        task = asyncio.ensure_future(server.serve())
+        task = asyncio.ensure_future(serve())
         while not server.started:
             if task.done():
                 break
@@ -128,17 +139,33 @@ def run_server(server: uvicorn.Server, *, setting: str, on_ready: Callable[[str]
             on_ready(server_url(server))
         await task
 
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(causes)
     try:
         asyncio.run(main())
     except OSError as e:
         raise ConfigError(f"{setting}: cannot listen on {cfg.host}:{cfg.port}: {e}") from None
+    finally:
+        uvicorn_log.removeHandler(causes)
     # uvicorn re-raises a captured Ctrl-C after its graceful shutdown, but into asyncio.run's own
     # SIGINT handler, which loses it when the main task has already finished: say it ourselves, so
     # that Ctrl-C always ends with its documented status.
     if signal.SIGINT in getattr(server, "_captured_signals", ()):
         raise KeyboardInterrupt
     if not server.started:
-        raise ConfigError(f"{setting}: cannot listen on {cfg.host}:{cfg.port}")
+        raise ConfigError(f"{setting}: cannot listen on {cfg.host}:{cfg.port}"
+                          + (f": {causes.messages[-1]}" if causes.messages else ""))
+
+
+class _Errors(logging.Handler):
+    """The errors a logger reports (uvicorn's reason for not starting)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from tryloop._model import _Model
 from tryloop.agent.config import DEVICE_PATTERN, EpisodeLimits
+from tryloop.eval.config import RunId
 
 
 class ServeEnvConfig(_Model):
@@ -34,8 +35,8 @@ class ServeEnvConfig(_Model):
                                                     "WebSocket event: a file path, '-' for stderr, null: off")
     record: bool = Field(True, description="write each judged episode to the trajectory store "
                                            "(store.trajectories_url) before its done reply")
-    run_id: str | None = Field(None, min_length=1, description="run id the recorded episodes are filed under; "
-                                                              "null: serve-<start time>")
+    run_id: RunId | None = Field(None, description="run id the recorded episodes are filed under; "
+                                                   "null: serve-<start time>")
     limits: EpisodeLimits = Field(default_factory=lambda: EpisodeLimits(max_turns=30, wall_time_s=1800.0),
                                   description="per-episode limits: max_turns, wall_time_s (the session's time "
                                               "limit), shell_timeout_s, output_chars")

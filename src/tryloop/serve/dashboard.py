@@ -14,7 +14,8 @@ trajectory store (docs/dashboard.md).
 Everything is read on request and cheaply: metrics.jsonl and evals.jsonl are read from where the
 last request stopped (a file rewritten by a resume is read again), committed trajectory parts are
 read once (they never change) and only their summary columns; the page polls every `refresh_s`.
-A line that does not parse is skipped and named (file and line) in the run's warnings.
+A line that does not parse is skipped and named (file and line) in the run's warnings, and so is
+an unfinished last line that is not text and a trajectory part that cannot be read.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from tryloop.errors import TryloopError
 from tryloop.serve.asgi import AccessLog, access_logger, authorized, bearer_token
 from tryloop.telemetry.live import STATE_FILE
 
@@ -80,7 +82,7 @@ class JsonlTail:
         self._lock = threading.Lock()
 
     def _reset(self, ident: tuple[int, int] | None) -> None:
-        self.ident, self.offset, self.line_no = ident, 0, 0
+        self.ident, self.offset, self.line_no, self.pending = ident, 0, 0, b""
         self.rows: list[Row] = []
         self.errors: list[dict[str, Any]] = []
 
@@ -99,6 +101,7 @@ class JsonlTail:
                     f.seek(self.offset)
                     data = f.read(st.st_size - self.offset)
                 end = data.rfind(b"\n") + 1       # a line without its newline is still being written
+                self.pending = data[end:]
                 for raw in data[:end].split(b"\n")[:-1]:
                     self.line_no += 1
                     if not raw.strip():
@@ -113,7 +116,20 @@ class JsonlTail:
                         continue
                     self.rows.append(row)
                 self.offset += end
-            return list(self.rows), list(self.errors)
+            return list(self.rows), list(self.errors) + self._pending_error()
+
+    def _pending_error(self) -> list[dict[str, Any]]:
+        """An unfinished last line that can never become one (not UTF-8 text), named: the file
+        would otherwise look empty. A line still being written waits without a warning; this one
+        is not kept in `errors` either, since the file may yet be rewritten."""
+        import codecs
+
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(self.pending, final=False)
+            return []
+        except UnicodeDecodeError as e:
+            return [{"file": str(self.path), "line": self.line_no + 1,
+                     "error": f"not read: not UTF-8 text ({e.reason}), and no newline at its end"}]
 
 
 class Dashboard:
@@ -258,7 +274,7 @@ class Dashboard:
                     "state": _state_view(state), "report": (d / "report.html").exists()}
         doc.update(_train_view(metrics, evals, manifest))
         if not metrics and info["kind"] != "server":   # eval, serve, episode runs: curves from their episodes
-            doc.update(_episodes_view(self.trajectories(run_id, limit=None)))
+            doc.update(_episodes_view(self.trajectories(run_id, limit=None, warnings=warnings)))
         return _clean(doc)
 
     @staticmethod
@@ -274,9 +290,11 @@ class Dashboard:
 
     # ---- episodes ------------------------------------------------------------------
 
-    def trajectories(self, run_id: str, step: int | None = None, limit: int | None = _MAX_EPISODES) -> list[Row]:
+    def trajectories(self, run_id: str, step: int | None = None, limit: int | None = _MAX_EPISODES,
+                     warnings: list[dict[str, Any]] | None = None) -> list[Row]:
         """Summary rows of the run's stored episodes (each once: its latest write), newest last; the
-        newest `limit` of them (None: all)."""
+        newest `limit` of them (None: all). A part that cannot be read is left out and named in
+        `warnings`: the others are still shown."""
         st = self.store()
         if st is None:
             return []
@@ -285,7 +303,12 @@ class Dashboard:
         for part in parts:
             rows = self._parts.get(part.path)
             if rows is None:
-                table = st._read(part, _LIST_COLUMNS)
+                try:
+                    table = st._read(part, _LIST_COLUMNS)
+                except TryloopError as e:     # not cached: a part repaired or replaced is read again
+                    if warnings is not None:
+                        warnings.append({"file": part.path, "line": None, "error": f"skipped: {e}"[:300]})
+                    continue
                 rows = table.to_pylist()
                 for r in rows:
                     r["step"] = part.step
@@ -628,6 +651,8 @@ def create_app(dashboard: Dashboard, *, refresh_s: float = 2.0, auth_token_env: 
                 return JSONResponse({"error": str(e)}, 404)
             except ValueError as e:
                 return JSONResponse({"error": str(e)}, 400)
+            except TryloopError as e:     # e.g. an episode in an unreadable part: the error names it
+                return JSONResponse({"error": str(e)}, 500)
         return endpoint
 
     from starlette.concurrency import run_in_threadpool
@@ -663,8 +688,9 @@ def create_app(dashboard: Dashboard, *, refresh_s: float = 2.0, auth_token_env: 
         if run_id not in known:
             raise NotFound(f"no run {run_id!r} in {dashboard.runs_dir} or the trajectory store "
                            f"{dashboard.trajectories_url}")
-        rows = await run_in_threadpool(dashboard.trajectories, run_id, step)
-        return JSONResponse({"run": run_id, "step": step, "trajectories": rows})
+        warnings: list[dict[str, Any]] = []
+        rows = await run_in_threadpool(dashboard.trajectories, run_id, step, _MAX_EPISODES, warnings)
+        return JSONResponse({"run": run_id, "step": step, "trajectories": rows, "warnings": warnings})
 
     async def trajectory(request: Request) -> Response:
         q = request.query_params

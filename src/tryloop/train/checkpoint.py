@@ -92,7 +92,18 @@ def save(run_dir: Path, step: int, learner_state: dict[str, Any], state: dict[st
 
 def _latest_name(root: Path) -> str | None:
     pointer = root / "LATEST"
-    return pointer.read_text().strip() if pointer.exists() else None
+    if not pointer.exists():
+        return None
+    try:
+        return pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        # Only a hand or a broken disk makes it so (save() replaces it atomically); guessing a
+        # checkpoint could resume from the wrong one, so the repair is left to the user.
+        names = sorted(p.name for p in root.glob("step-*") if (p / "state.json").exists())
+        repair = (f"write the name of a checkpoint there (the newest in {root}: {names[-1]})" if names
+                  else f"remove it ({root} holds no complete checkpoint)")
+        raise TryloopError(f"{pointer}, which names the run's latest checkpoint, cannot be read "
+                           f"({e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}): {repair}") from None
 
 
 def _prune(root: Path, keep: int, protect: str) -> None:

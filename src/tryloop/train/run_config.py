@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from tryloop._model import _Model
 from tryloop.agent.config import EpisodeLimits, PolicyConfig
 from tryloop.agent.policies import SCRIPTED
+from tryloop.eval.config import RunId
 from tryloop.train.config import TrainConfig
 
 
 def _limits() -> EpisodeLimits:
     # Function-level tasks answered in one turn (a code block): what a 135M model on a CPU can do.
     return EpisodeLimits(max_turns=1, max_new_tokens=192, max_total_tokens=192, max_context_tokens=1024)
+
+
+def _http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s):// URL of a model server (e.g. http://host:8000)")
+    return url
 
 
 class SamplerConfig(_Model):
@@ -24,10 +33,10 @@ class SamplerConfig(_Model):
     weights over HTTP with a version after each update; every trajectory records the versions that
     sampled it, and one sampled with other weights than announced stops the run."""
 
-    endpoints: list[str] = Field(default_factory=list,
-                                 description="base URLs of OpenAI-compatible model servers (e.g. "
-                                             "http://host:8000); requests go to the least loaded. Empty: "
-                                             "the in-process engine")
+    endpoints: list[Annotated[str, AfterValidator(_http_url)]] = Field(
+        default_factory=list, description="base URLs of OpenAI-compatible model servers (e.g. "
+                                          "http://host:8000); requests go to the least loaded. Empty: "
+                                          "the in-process engine")
     kind: Literal["tryloop", "vllm", "sglang"] = Field(
         "tryloop", description="tryloop: `tryloop serve model` with serve.model.weight_updates (tested); "
                                "vllm / sglang: their weight-update endpoints from weights_dir (untested)")
@@ -117,7 +126,8 @@ class TrainRunConfig(_Model):
                                                     "from; older ones are dropped and sampled again "
                                                     "(metrics: stale_dropped)")
     keep_checkpoints: int = Field(2, ge=1)
-    run_id: str = Field("train", description="runs_dir/<run_id> holds checkpoints, metrics and the report")
+    run_id: RunId = Field("train", description="runs_dir/<run_id> holds checkpoints, metrics and the report "
+                                               "(letters, digits, '_', '.', '-'; not first: '.', '-')")
     seed: int = 0
 
     @model_validator(mode="after")
