@@ -285,28 +285,14 @@ def spot_check_cmd(
 
 def _labelled_answers(path: Path) -> list:
     """The labelled answers in the JSONL file at `path` (rewards.judge_gold_path)."""
-    from pydantic import ValidationError
-
+    from tryloop.rewards.gold import read_jsonl
     from tryloop.rewards.judge import LabelledAnswer
 
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"rewards.judge_gold_path: cannot read {path}: {e}") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                doc = json.loads(line)
-                if not isinstance(doc, dict):
-                    raise TypeError(f"a JSON object is needed, not {type(doc).__name__}")
-                out.append(LabelledAnswer(**doc))
-            except ValidationError as e:
-                problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '-'}: {x['msg']}" for x in e.errors())
-                raise ConfigError(f"{path}:{n}: not a labelled answer: {problems}") from None
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"{path}:{n}: not a labelled answer: {e}") from None
-    return out
+    if not path.is_file():
+        raise ConfigError(f"rewards.judge_gold_path: cannot read {path}: "
+                          f"{'a directory' if path.is_dir() else 'no such file'}")
+    return read_jsonl(path, "labelled answer", lambda doc: LabelledAnswer(**doc), error=ConfigError,
+                      missing_ok=False)
 
 
 def _judge_config(cfg, judge: Path | None):

@@ -62,15 +62,20 @@ class GoldItem:
         return Submission(changes=decode_changes(self.changes), commands=list(self.commands))
 
 
-def read_jsonl(path: Path, what: str, parse: Callable[[dict], _T]) -> list[_T]:
-    """`parse` of every line of the JSONL file at `path` ([] when there is none), or a
-    TryloopError naming the file (and line) that cannot be read as `what`."""
+def read_jsonl(path: Path, what: str, parse: Callable[[dict], _T], *, error: type[TryloopError] = TryloopError,
+               missing_ok: bool = True) -> list[_T]:
+    """`parse` of every line of the JSONL file at `path` ([] when there is none and `missing_ok`),
+    or an `error` naming the file (and line) that cannot be read as `what`."""
+    from pydantic import ValidationError
+
     try:
         text = path.read_text()
-    except FileNotFoundError:
-        return []
+    except FileNotFoundError as e:
+        if missing_ok:
+            return []
+        raise error(f"{path}: cannot read the {what}s there: {e}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise TryloopError(f"{path}: cannot read the {what}s there: {e}") from None
+        raise error(f"{path}: cannot read the {what}s there: {e}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -79,8 +84,11 @@ def read_jsonl(path: Path, what: str, parse: Callable[[dict], _T]) -> list[_T]:
                 if not isinstance(doc, dict):
                     raise TypeError(f"a JSON object is needed, not {type(doc).__name__}")
                 out.append(parse(doc))
+            except ValidationError as e:  # (a ValueError) the fields it names, briefly
+                problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '-'}: {x['msg']}" for x in e.errors())
+                raise error(f"{path}:{n}: not a {what}: {problems}") from None
             except (ValueError, TypeError) as e:
-                raise TryloopError(f"{path}:{n}: not a {what}: {e}") from None
+                raise error(f"{path}:{n}: not a {what}: {e}") from None
     return out
 
 
