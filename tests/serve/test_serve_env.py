@@ -303,8 +303,6 @@ def test_a_session_has_one_driver_at_a_time(served):
     """An HTTP step while another step runs or a WebSocket holds the session is refused with
     SESSION_BUSY (409); a WebSocket that comes for the session takes it over, and the one before
     is closed (4000): the turns of two clients never interleave."""
-    from websockets.exceptions import ConnectionClosed
-
     url, tasks, _ = served
     task = tasks[0]
     with httpx.Client(base_url=url, headers=_auth(), timeout=60) as http:
@@ -329,9 +327,9 @@ def test_a_session_has_one_driver_at_a_time(served):
         assert state["step_count"] == 1 and "first" in state["last"]["observation"]["results"][0]["content"]
         # a second connection takes it over: the first is closed with 4000 and drives no more
         b = EnvClient(url, token=TOKEN, session_id=sid).connect()
-        with pytest.raises(ConnectionClosed) as closed:
+        with pytest.raises(ServeError) as closed:
             a.step(_shell("echo stale"))
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4000, closed.value
+        assert closed.value.code == "SESSION_TAKEN_OVER" and closed.value.data["close_code"] == 4000
         with b:
             r = b.step(_answer(task))
             assert r.done and r.verdict["state"] == "pass" and r.observation["turn"] == 2

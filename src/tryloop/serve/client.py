@@ -9,7 +9,8 @@
 `AsyncEnvClient` is the same over asyncio (many episodes from one thread); `GymEnv` wraps
 `EnvClient` in Gymnasium's calling convention. A server error arrives as `ServeError` with its
 code (OpenEnv's: VALIDATION_ERROR, CAPACITY_REACHED, SESSION_ERROR, ...; tryloop's: UNKNOWN_SESSION,
-SESSION_BUSY, UNAUTHORIZED), a refused handshake too.
+SESSION_BUSY, UNAUTHORIZED), a refused handshake too; a connection closed because another
+one took its session over raises SESSION_TAKEN_OVER.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as aconnect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import connect
 
@@ -80,6 +81,19 @@ def _refusal(e: InvalidStatus) -> Exception:
         return e
 
 
+# The server closes a connection whose session another connection took over with this code.
+TAKEN_OVER_CLOSE = 4000
+
+
+def _closed(e: ConnectionClosed) -> Exception:
+    """A closed connection as the client should see it: a session another connection took over
+    is a ServeError (SESSION_TAKEN_OVER); any other close stays what it is."""
+    if e.rcvd is not None and e.rcvd.code == TAKEN_OVER_CLOSE:
+        return ServeError("SESSION_TAKEN_OVER", e.rcvd.reason or "another connection took over this session",
+                          {"close_code": e.rcvd.code})
+    return e
+
+
 def _result(data: dict[str, Any]) -> StepResult:
     return StepResult(data.get("observation", {}), data.get("reward"), bool(data.get("done", False)))
 
@@ -107,8 +121,11 @@ class EnvClient:
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.connect()
         assert self._ws is not None
-        self._ws.send(json.dumps(msg))
-        return _reply(self._ws.recv(timeout=self.timeout_s))
+        try:
+            self._ws.send(json.dumps(msg))
+            return _reply(self._ws.recv(timeout=self.timeout_s))
+        except ConnectionClosed as e:
+            raise _closed(e) from None
 
     def reset(self, task_id: str | None = None, *, seed: int | None = None,
               episode_id: str | None = None) -> StepResult:
@@ -161,8 +178,11 @@ class AsyncEnvClient:
 
         await self.connect()
         assert self._ws is not None
-        await self._ws.send(json.dumps(msg))
-        return _reply(await asyncio.wait_for(self._ws.recv(), self.timeout_s))
+        try:
+            await self._ws.send(json.dumps(msg))
+            return _reply(await asyncio.wait_for(self._ws.recv(), self.timeout_s))
+        except ConnectionClosed as e:
+            raise _closed(e) from None
 
     async def reset(self, task_id: str | None = None, *, seed: int | None = None,
                     episode_id: str | None = None) -> StepResult:
