@@ -121,6 +121,14 @@ def run_cli(fn, *args, **kwargs):
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def task_store(cfg: TryloopConfig, *, create: bool = True):
+    """The task store (`tasks.store_url`); `create=False` for commands that only read it, so that a
+    mistyped path is an error naming it rather than a new, empty store."""
+    from tryloop.tasks.store import TaskStore
+
+    return run_cli(TaskStore, cfg.tasks.store_url, create=create)
+
+
 def _register() -> None:
     from tryloop.cli import (
         bench,

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.prompt import Prompt
 from rich.table import Table
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli, task_store
 from tryloop.cli.progress import task_progress
 from tryloop.errors import ConfigError, TryloopError
 
@@ -36,19 +36,12 @@ def _cfg(config, **kw):
     return run_cli(load_config, config, {names[k]: v for k, v in kw.items()})
 
 
-def _tasks(cfg):
-    """The task store, for commands that only read it: never one made where a path was mistyped."""
-    from tryloop.tasks.store import TaskStore
-
-    return run_cli(TaskStore, cfg.tasks.store_url, create=False)
-
-
 def _task(cfg, ref: str):
     from tryloop.tasks.model import Task
 
     if Path(ref).is_dir():
         return Task.load(ref)
-    return _tasks(cfg).get(ref)
+    return task_store(cfg, create=False).get(ref)
 
 
 def verdict_table(v) -> Table:
@@ -139,7 +132,7 @@ def run_gate_cli(cfg, *, verify_fn=None):
     from tryloop.rewards.verifier import verify
     from tryloop.sandbox import SandboxRuntime
 
-    store = _tasks(cfg)
+    store = task_store(cfg, create=False)
     entries = store.entries()
     if not entries:
         raise TryloopError(f"task store {cfg.tasks.store_url} is empty: build it with "
@@ -201,7 +194,7 @@ def rescore_cmd(
 
     cfg = _cfg(config, store=store, trajectories=trajectories)
     trajs = run_cli(_trajectories, cfg, run)[:limit]
-    ts = _tasks(cfg)
+    ts = task_store(cfg, create=False)
     tasks = {}
     for fp in {t.task_fingerprint for t in trajs}:
         if ts.has(fp):
@@ -239,7 +232,7 @@ def spot_check_cmd(
 
     cfg = _cfg(config, trajectories=trajectories, labels=labels, gold=gold, uniform=uniform, seed=seed)
     trajs = run_cli(_trajectories, cfg, run)
-    ts = _tasks(cfg)
+    ts = task_store(cfg, create=False)
     store = LabelStore(cfg.rewards.labels_path)
     # The files the labels go to are read first: a label appended to a file that cannot be
     # read back would be lost to `--to-gold` and to every later spot check.

@@ -13,7 +13,7 @@ from typing import Annotated, get_args
 import typer
 from rich.table import Table
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli, task_store
 from tryloop.cli.progress import task_progress
 from tryloop.tasks.model import TaskMeta
 
@@ -50,14 +50,6 @@ def _choices(name: str, field: str) -> type[StrEnum]:
 
 TierChoice = _choices("TierChoice", "tier")
 SplitChoice = _choices("SplitChoice", "split")
-
-
-def _store(cfg, *, create: bool = True):
-    """The task store; `create=False` for commands that only read it, so that a mistyped path is an
-    error naming it rather than a new, empty store."""
-    from tryloop.tasks.store import TaskStore
-
-    return run_cli(TaskStore, cfg.tasks.store_url, create=create)
 
 
 def _gate(cfg, require_p2p: bool = False):
@@ -127,7 +119,7 @@ async def _admit_all(cfg, tasks, group: str, require_p2p: bool = False, build: b
     rt = SandboxRuntime(cfg.runtime)
     if build:
         await _build_environments(rt, cfg, tasks, find_links)
-    store, report = _store(cfg), GateReport()
+    store, report = task_store(cfg), GateReport()
     with task_progress(console) as prog:
         bar = prog.add_task("gating", total=len(tasks), last="")
         for task in tasks:
@@ -248,7 +240,7 @@ def synth(
             rt = SandboxRuntime(cfg.runtime)
             with task_progress(console) as prog:
                 bar = prog.add_task(f"synth {family}", total=None, last="")
-                return await build_family(rt, _store(cfg), work, family, gate=_gate(cfg), per_family=sc.per_family,
+                return await build_family(rt, task_store(cfg), work, family, gate=_gate(cfg), per_family=sc.per_family,
                                           count=sc.count, tier=sc.tier,
                                           eval_fraction=cfg.tasks.eval_fraction_for(family),
                                           seed=cfg.tasks.seed,
@@ -276,7 +268,7 @@ def synth(
         rt = SandboxRuntime(cfg.runtime)
         with task_progress(console) as prog:
             bar = prog.add_task(f"synth {project.name}", total=None, last="")
-            return await synthesize(rt, _store(cfg), project, work, keep=sc.keep, seed=cfg.tasks.seed,
+            return await synthesize(rt, task_store(cfg), project, work, keep=sc.keep, seed=cfg.tasks.seed,
                                     operators=sc.operators, gate=_gate(cfg, True), report=report,
                                     eval_fraction=cfg.tasks.eval_fraction,
                                     substeps=code_substeps() if sc.substeps else None, image=env_image,
@@ -361,7 +353,7 @@ def variant(
 
     cfg = _cfg(config, store=store, k=k, seed=seed, kind=kind)
     kind = cfg.tasks.variant_kind
-    st = _store(cfg, create=False)
+    st = task_store(cfg, create=False)
     fp = run_cli(st.get, target).fingerprint()
     report = GateReport()
     entry = run_cli(lambda: asyncio.run(add_variant(SandboxRuntime(cfg.runtime), st, fp, kind, cfg.tasks.seed,
@@ -408,7 +400,7 @@ def build_default(
         rt = SandboxRuntime(cfg.runtime)
         with task_progress(console) as prog:
             bar = prog.add_task("building the default suite", total=None, last="")
-            return await factory.build_default(rt, _store(cfg), work, opts,
+            return await factory.build_default(rt, task_store(cfg), work, opts,
                                                progress=lambda tid, _r: prog.update(bar, advance=1, last=tid))
 
     report = run_cli(lambda: asyncio.run(go()))
@@ -427,7 +419,7 @@ def validate(
     from tryloop.tasks.model import Task
 
     cfg = _cfg(config, store=store, k=k, budget=budget)
-    task = run_cli(Task.load, target) if Path(target).is_dir() else run_cli(_store(cfg, create=False).get, target)
+    task = run_cli(Task.load, target) if Path(target).is_dir() else run_cli(task_store(cfg, create=False).get, target)
     res = run_cli(lambda: asyncio.run(gate_validate(SandboxRuntime(cfg.runtime), task, _gate(cfg))))
     t = Table(title=f"gate: {task.id} ({task.fingerprint()[:12]})")
     for col in ("run", "state", "exit", "passed", "failed", "seconds"):
@@ -458,7 +450,7 @@ def list_(
 ) -> None:
     """List the newest version of each task matching the filters."""
     cfg = _cfg(config, store=store)
-    entries = run_cli(_store(cfg, create=False).query, source=source, family=family, project=project, tier=tier, split=split,
+    entries = run_cli(task_store(cfg, create=False).query, source=source, family=family, project=project, tier=tier, split=split,
                       tags=tag or ())
     if json_out:
         print(json.dumps([{"id": e.id, "fingerprint": e.fingerprint, **e.meta.model_dump(mode="json")}
@@ -479,7 +471,7 @@ def show(target: Annotated[str, typer.Argument(help="task id or fingerprint")], 
          store: StoreUrl = None, config: ConfigOpt = None) -> None:
     """Show one task: metadata, instruction and files (hidden parts named, never printed)."""
     cfg = _cfg(config, store=store)
-    st = _store(cfg, create=False)
+    st = task_store(cfg, create=False)
     task = run_cli(st.get, target)
     m = task.meta
     if json_out:
@@ -513,7 +505,7 @@ def split(eval_fraction: EvalFraction = None, seed: Seed = None,
     from tryloop.tasks.splits import apply_splits
 
     cfg = _cfg(config, store=store, eval_fraction=eval_fraction, seed=seed)
-    counts = run_cli(apply_splits, _store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite,
+    counts = run_cli(apply_splits, task_store(cfg), cfg.tasks.eval_fraction, cfg.tasks.seed, overwrite=overwrite,
                      by_source=cfg.tasks.eval_fraction_by_source)
     console.print(f"train: {counts['train']}  eval: {counts['eval']}")
 
@@ -524,7 +516,7 @@ def check_leakage(store: StoreUrl = None, config: ConfigOpt = None) -> None:
     from tryloop.tasks.splits import check_leakage as check
 
     cfg = _cfg(config, store=store)
-    st = _store(cfg, create=False)
+    st = task_store(cfg, create=False)
     rep = run_cli(check, st)
     from tryloop.tasks.dedup import near_duplicate_groups
 
@@ -552,7 +544,7 @@ def export(target: Annotated[str, typer.Argument(help="task id or fingerprint")]
     from tryloop.tasks.sources import export_harbor
 
     cfg = _cfg(config, store=store)
-    task = run_cli(_store(cfg, create=False).get, target)
+    task = run_cli(task_store(cfg, create=False).get, target)
     out = run_cli(export_harbor, task, dest)
     console.print(f"exported {task.id} to {out}")
 
@@ -579,7 +571,7 @@ def zone(
                                         "train.policy.name": model, "train.zone_k": k,
                                         "train.limits.max_turns": max_turns})
     tcfg = cfg.train
-    tasks = [t for split in ("train", "eval") for t in select(_store(cfg, create=False), split, tcfg.source)]
+    tasks = [t for split in ("train", "eval") for t in select(task_store(cfg, create=False), split, tcfg.source)]
     if not tasks:
         run_cli(_no_tasks, cfg)
     with task_progress(console) as prog:

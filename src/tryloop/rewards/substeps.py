@@ -138,6 +138,11 @@ class Repro:
         return d
 
 
+def _complete(r: harness.RunRecord) -> bool:
+    """A run that finished in time with a clean report: every record signed, none malformed."""
+    return not (r.timed_out or not r.finished or r.forged or r.broken)
+
+
 _cache: dict[str, Repro] = {}
 CACHE_SIZE = 4096   # results kept in the process (the oldest go first)
 
@@ -184,8 +189,7 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
     res.broken, broken_flaky = _stable(broken_runs)
     res.reference, ref_flaky = _stable(ref_runs)
     res.flaky = sorted(broken_flaky | ref_flaky)
-    untrusted = [r for r in recs if r.timed_out or not r.finished or r.forged or r.broken
-                 or any(e.severity == "hack" for e in r.evidence)]
+    untrusted = [r for r in recs if not _complete(r) or any(e.severity == "hack" for e in r.evidence)]
     if untrusted:
         r = untrusted[0]
         res.reason = ("a run of the agent's tests timed out" if r.timed_out else
@@ -198,7 +202,7 @@ async def check_repro(runtime: SandboxRuntime, task: Task, tests: dict[str, byte
             v = await one({**rewritten_broken(task, tests), **tests})
             res.flags += [f for f in (evidence_flag(e) for e in v.evidence) if f not in res.flags]
             res.wall_s = max(res.wall_s, v.wall_s)
-            if v.timed_out or not v.finished or v.forged or v.broken:
+            if not _complete(v):
                 res.reproduced, res.reason = [], "the run of the agent's tests on the rewritten broken code " \
                                                  "gave no clean complete report"
             else:
@@ -229,19 +233,17 @@ def rewritten_broken(task: Task, tests: dict[str, bytes]) -> Changes:
     """The broken code of the modules the reference fix changes, rewritten without changing what it
     does: reformatted, local names renamed (never one the project or the agent's tests name in a
     string or keyword), and a comment at the end, so that no byte count or digest stays the same."""
-    from tryloop.tasks.variants import observed_names, reformat_source, rename_identifiers
+    from tryloop.tasks.variants import observed_names, reformat, rename_identifiers
 
     ws = task.workspace_files()
     paths = sorted(p for p in task.solution_files() if p.endswith(".py") and p in ws and not is_test_file(p))
     texts = [d.decode("utf-8", "replace") for d in (*ws.values(), *tests.values())]
     seed = int(task.fingerprint()[:8], 16)
-    renamed = rename_identifiers({p: ws[p] for p in paths}, seed, observed=observed_names(texts))
+    rewritten = reformat(rename_identifiers({p: ws[p] for p in paths}, seed, observed=observed_names(texts)))
     out: Changes = {}
-    for p in paths:
-        data = renamed[p]
+    for p, data in rewritten.items():
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        text = reformat_source(text).rstrip("\n") + f"\n# {hashlib.sha256(f'{seed}:{p}'.encode()).hexdigest()[:16]}\n"
-        out[p] = text.encode()
+        out[p] = (text.rstrip("\n") + f"\n# {hashlib.sha256(f'{seed}:{p}'.encode()).hexdigest()[:16]}\n").encode()
     return out
 
 

@@ -516,7 +516,7 @@ def _install(fd, key_fd, manifest, outcome_of):
                 src, filename = args[0], args[1]
                 if isinstance_(src, (str_, bytes_)):
                     name = filename.decode("utf-8", "replace") if isinstance_(filename, bytes_) else str_(filename)
-                    disguised = not (name.startswith("<") or name in agent) and kind_of(name) != "agent"
+                    disguised = not name.startswith("<") and kind_of(name) != "agent"
                     evidence("dynamic_code", event, f, "compiled a string as %s" % (name,),
                              "hack" if disguised else "suspicious")
         elif event == "marshal.loads":
