@@ -14,6 +14,14 @@ class ConfigError(TryloopError):
     exit_code = 78  # sysexits.h EX_CONFIG
 
 
+class InputMissing(TryloopError):
+    """A store, run, step or item that a command reads does not exist; the message names it and the
+    field that points at it. Stores opened with `create=False` raise it instead of making a new,
+    empty store where a path was mistyped."""
+
+    exit_code = 66  # sysexits.h EX_NOINPUT
+
+
 class HostUnsupported(TryloopError):
     """The host lacks a kernel feature or privilege a sandbox needs.
 

@@ -108,13 +108,13 @@ def test_spot_check_settings_are_config_fields_and_stores_must_exist(cfg, tmp_pa
     assert res.exit_code == 66 and "no trajectory store at" in res.output
     assert not (tmp_path / "typo").exists()                    # a read never makes a store
     res = invoke("reward", "spot-check", "--run", "r", "--trajectories", "", "-c", cfg)
-    assert res.exit_code == 66 and "store.trajectories_url: empty" in res.output
+    assert res.exit_code == 78 and "store.trajectories_url: empty" in res.output
     doc = yaml.safe_load(Path(cfg).read_text())
     doc["rewards"]["spot_check_uniform"] = 0
     doc["tasks"]["store_url"] = str(tmp_path / "no-tasks")
     Path(cfg).write_text(yaml.safe_dump(doc))
     res = invoke("reward", "spot-check", "--run", "r", "-c", cfg)
-    assert res.exit_code == 78 and "tasks.store_url: no task store at" in res.output
+    assert res.exit_code == 66 and "tasks.store_url: no task store at" in res.output
     assert not (tmp_path / "no-tasks").exists()
 
 

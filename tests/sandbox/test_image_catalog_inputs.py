@@ -79,7 +79,7 @@ def test_image_commands_never_make_a_store_where_a_path_was_mistyped(store, tmp_
         cfg = config(tmp_path, tmp_path / where)
         for args in (["ls"], ["inspect", "base"], ["rm", "base"], ["prune"]):
             code, out = invoke("image", *args, "-c", cfg)
-            assert code == 78 and "runtime.store_dir:noimagestoreat" in out and why in out, (where, args, out)
+            assert code == 66 and "runtime.store_dir:noimagestoreat" in out and why in out, (where, args, out)
     assert not (tmp_path / "typo").exists() and not (tmp_path / "root" / "layers").exists()
     with pytest.raises(LayerError, match="cannot be a layer store"):
         LayerStore(tmp_path / "afile")

@@ -67,7 +67,7 @@ def test_an_export_destination_or_store_that_is_not_a_directory(tmp_path, store)
             assert f"export destination {tmp_path / dest}: a file is in the way" in r.stderr
     assert (tmp_path / "afile").read_text() == "mine\n"
     r = tryloop("hf", str(tmp_path / "out"), "--store", "")
-    assert r.returncode == 66 and "store.trajectories_url: empty" in r.stderr
+    assert r.returncode == 78 and "store.trajectories_url: empty" in r.stderr
     assert not (tmp_path / "out").exists()
 
 

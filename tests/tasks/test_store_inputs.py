@@ -11,7 +11,7 @@ from test_store_splits import make_task
 from typer.testing import CliRunner
 
 from tryloop.cli.main import app
-from tryloop.errors import ConfigError
+from tryloop.errors import ConfigError, InputMissing
 from tryloop.tasks.model import Task
 from tryloop.tasks.sources import SourceError, export_harbor
 from tryloop.tasks.store import StoreCorrupt, TaskStore
@@ -95,10 +95,10 @@ def test_a_store_url_that_cannot_be_a_store(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match="cannot be a task store"):
         TaskStore(tmp_path / "afile")
-    with pytest.raises(ConfigError, match="tasks.store_url: no task store at .*no such directory"):
+    with pytest.raises(InputMissing, match="tasks.store_url: no task store at .*no such directory"):
         TaskStore(tmp_path / "typo", create=False)
     assert not (tmp_path / "typo").exists()
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(InputMissing, match="not a directory"):
         TaskStore(tmp_path / "afile", create=False)
     TaskStore(tmp_path / "store")
     assert TaskStore(tmp_path / "store", create=False).entries() == []

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli, task_store
 from tryloop.cli.progress import task_progress
 
 
@@ -22,12 +22,11 @@ def _run(cfg) -> None:
     from tryloop.eval.summary import headline
     from tryloop.sandbox import SandboxRuntime
     from tryloop.store.trajectories import TrajectoryStore
-    from tryloop.tasks.store import TaskStore
     from tryloop.telemetry.live import live_state
     from tryloop.telemetry.metrics_http import serve_metrics
 
     ecfg = cfg.eval
-    tasks = select_tasks(TaskStore(cfg.tasks.store_url), ecfg)
+    tasks = select_tasks(task_store(cfg, create=False), ecfg)
     run_id = ecfg.run_id or default_run_id(ecfg)
     out_dir = Path(cfg.store.runs_dir) / run_id
     console.print(f"[bold]{run_id}[/]: policy {ecfg.policy.name}, {len(tasks)} {ecfg.split} task(s) x {ecfg.k}, "

@@ -50,19 +50,11 @@ def _store(cfg):
     return run_cli(LayerStore, cfg.runtime.store_dir)
 
 
-def _open_existing(root: Path):
-    from tryloop.sandbox.layers import LayerStore
-
-    if not (root / "layers").is_dir():
-        what = "no such directory" if not root.exists() else "not a directory" if not root.is_dir() else "no layers/"
-        raise ConfigError(f"runtime.store_dir: no image store at {root} ({what}); `tryloop image build`, `import` "
-                          "and `debian` make one")
-    return LayerStore(root)
-
-
 def _existing_store(cfg):
     """The store of a command that reads or cleans up: never one made where a path was mistyped."""
-    return run_cli(_open_existing, Path(cfg.runtime.store_dir))
+    from tryloop.sandbox.layers import LayerStore
+
+    return run_cli(LayerStore, cfg.runtime.store_dir, create=False)
 
 
 @app.command()

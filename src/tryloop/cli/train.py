@@ -11,7 +11,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from tryloop.cli.main import ConfigOpt, console, load_config, run_cli
+from tryloop.cli.main import ConfigOpt, console, load_config, run_cli, task_store
 from tryloop.cli.progress import is_live, task_progress
 
 
@@ -32,10 +32,9 @@ def ensure_suite(cfg, builders: dict[str, Callable[..., Any]] | None = None,
     from tryloop.sandbox import SandboxRuntime
     from tryloop.tasks.factory import build_functions, build_humaneval, default_build_key
     from tryloop.tasks.gate import GateConfig
-    from tryloop.tasks.store import TaskStore
 
     builders = builders or {"functions": build_functions, "humaneval": build_humaneval}
-    store = TaskStore(cfg.tasks.store_url)
+    store = task_store(cfg)
     needed = [(cfg.train.source, "train", "train.source")] + (
         [(cfg.train.check_source, "eval", "train.check_source")] if cfg.train.check_source else [])
     for source, split, field in needed:

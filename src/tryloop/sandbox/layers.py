@@ -89,7 +89,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tryloop.errors import TryloopError
+from tryloop.errors import InputMissing, TryloopError
 
 __all__ = [
     "FIXED_MTIME_NS",
@@ -555,11 +555,18 @@ def _add_user_opaque_markers(layers_dir: Path) -> None:
 class LayerStore:
     """Content-addressed layers and snapshot records under `root` (see the module doc)."""
 
-    def __init__(self, root: Path, memory_dir: Path | None = None):
+    def __init__(self, root: Path, memory_dir: Path | None = None, *, create: bool = True):
+        """The store under `root` (`runtime.store_dir`). With `create` false it must hold layers
+        already: commands that read or clean up never make one where a path was mistyped."""
         self.root = Path(root)
         self.layers_dir = self.root / "layers"
         self.snapshots_dir = self.root / "snapshots"
         self.tmp_dir = self.root / "tmp"
+        if not create and not self.layers_dir.is_dir():
+            what = ("no such directory" if not self.root.exists() else "not a directory" if not self.root.is_dir()
+                    else "no layers/")
+            raise InputMissing(f"runtime.store_dir: no image store at {self.root} ({what}); `tryloop image build`, "
+                               "`import` and `debian` make one")
         try:
             for d in (self.layers_dir, self.snapshots_dir, self.tmp_dir):
                 d.mkdir(parents=True, exist_ok=True)

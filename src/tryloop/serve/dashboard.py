@@ -153,13 +153,11 @@ class Dashboard:
     def store(self):
         """The trajectory store, or None while a local one does not exist (it is not created)."""
         if self._store is None and self.trajectories_url:
-            import fsspec
+            from tryloop.errors import InputMissing
+            from tryloop.store.trajectories import TrajectoryStore
 
-            fs, base = fsspec.core.url_to_fs(self.trajectories_url)
-            if fs.exists(base):
-                from tryloop.store.trajectories import TrajectoryStore
-
-                self._store = TrajectoryStore(self.trajectories_url)
+            with contextlib.suppress(InputMissing):   # none written yet: the dashboard shows live runs only
+                self._store = TrajectoryStore(self.trajectories_url, create=False)
         return self._store
 
     def _tail(self, path: Path) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -345,14 +343,9 @@ class Dashboard:
             return None
         try:
             if self._tasks is None:
-                import fsspec
-
-                fs, base = fsspec.core.url_to_fs(self.tasks_url)
-                if not fs.exists(f"{base.rstrip('/')}/tasks"):
-                    return None
                 from tryloop.tasks.store import TaskStore
 
-                self._tasks = TaskStore(self.tasks_url)
+                self._tasks = TaskStore(self.tasks_url, create=False)
             return self._tasks.get(t.task_fingerprint).workspace_files()
         except Exception:   # a missing or unreadable task: the diff shows the new files whole
             return None

@@ -20,7 +20,7 @@ def served_tasks(cfg: TryloopConfig) -> list[Task]:
     from tryloop.tasks.store import TaskStore
 
     scfg = cfg.serve.env
-    store = TaskStore(cfg.tasks.store_url)
+    store = TaskStore(cfg.tasks.store_url, create=False)
     entries = store.query(split=None if scfg.split == "all" else scfg.split, source=scfg.source)
     if not entries:
         which = " ".join(x for x in ("" if scfg.split == "all" else scfg.split, "tasks",

@@ -27,30 +27,22 @@ import pyarrow.parquet as pq
 import yaml
 
 from tryloop.agent.trajectory import Trajectory
-from tryloop.errors import TryloopError
+from tryloop.errors import InputMissing, TryloopError
 from tryloop.store.schema import COLUMN_DOCS, SCHEMA, to_row
 from tryloop.store.trajectories import Steps, TrajectoryStore
 
 Source = TrajectoryStore | Iterable[Trajectory]
 
 
-class ExportInputMissing(TryloopError):
-    """The trajectory store, run or steps an export names do not exist; the message names them."""
-
-    exit_code = 66  # sysexits.h EX_NOINPUT
+class ExportInputMissing(InputMissing):
+    """The run or steps an export names are not in the trajectory store; the message names them."""
 
 
 def existing_store(url: str | Path, *, run_id: str | None = None, steps: Sequence[int] | None = None,
                    setting: str = "store.trajectories_url") -> TrajectoryStore:
-    """The trajectory store at `url`, checked to hold `run_id` and `steps` when given; never
-    creates one (opening a `TrajectoryStore` would)."""
-    if not str(url).strip():  # "" would be the current directory, an empty store
-        raise ExportInputMissing(f"{setting}: empty; give the trajectory store's path or URL")
-    fs, base = fsspec.core.url_to_fs(str(url))
-    if not fs.isdir(base.rstrip("/") or "/"):
-        raise ExportInputMissing(f"{setting}: no trajectory store at {url} (`tryloop eval` and `tryloop train` "
-                                 "write one)")
-    store = TrajectoryStore(url)
+    """The trajectory store at `url`, which must exist, checked to hold `run_id` and `steps` when
+    given."""
+    store = TrajectoryStore(url, create=False, setting=setting)
     runs = store.runs()
     if run_id is not None and run_id not in runs:
         shown = ", ".join(runs[:20]) + (" ..." if len(runs) > 20 else "")

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from tryloop.agent.trajectory import Trajectory
-from tryloop.errors import ConfigError, TryloopError
+from tryloop.errors import ConfigError, InputMissing, TryloopError
 from tryloop.store.schema import (
     FILE_SCHEMA,
     SCHEMA,
@@ -94,23 +94,33 @@ def _makedirs_durable(path: str) -> None:
 
 
 class TrajectoryStore:
-    def __init__(self, url: str | Path, *, compression: str = "zstd"):
+    def __init__(self, url: str | Path, *, compression: str = "zstd", create: bool = True,
+                 setting: str = "store.trajectories_url"):
+        """The store at `url` (`setting` names where the URL came from, for errors). With `create`
+        false it must exist already: commands that only read never make one where a path was
+        mistyped."""
         self.url = str(url)
         if not self.url.strip():  # "" would make the current directory a trajectory store
-            raise ConfigError("store.trajectories_url: empty; give the trajectory store's path or URL")
+            raise ConfigError(f"{setting}: empty; give the trajectory store's path or URL")
         self.fs, base = fsspec.core.url_to_fs(self.url)
         self.base = base.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
         self.compression = compression
         # pyarrow reads through its own file system objects; fsspec ones are wrapped.
         self._pafs = pafs.LocalFileSystem() if self.local else pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+        if not create:
+            if not self.fs.isdir(self.base or "/"):
+                what = "not a directory" if self.fs.exists(self.base or "/") else "no such directory"
+                raise InputMissing(f"{setting}: no trajectory store at {self.url} ({what}); `tryloop eval` and "
+                                   "`tryloop train` write one")
+            return
         if self.local:
             try:
                 if os.path.lexists(self.base) and not os.path.isdir(self.base):
                     raise NotADirectoryError(20, "not a directory", self.base)
                 _makedirs_durable(self.base)
             except (FileExistsError, NotADirectoryError) as e:
-                raise ConfigError(f"store.trajectories_url: {self.url} cannot be a trajectory store: "
+                raise ConfigError(f"{setting}: {self.url} cannot be a trajectory store: "
                                   f"{e.filename} is not a directory") from None
         else:
             self.fs.makedirs(self.base, exist_ok=True)

@@ -25,7 +25,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
-from tryloop.errors import ConfigError, TryloopError
+from tryloop.errors import ConfigError, InputMissing, TryloopError
 from tryloop.tasks.model import Task, TaskMeta
 
 
@@ -78,8 +78,8 @@ class TaskStore:
         if not create:
             if not self.fs.isdir(self.base):
                 what = "not a directory" if self.fs.exists(self.base) else "no such directory"
-                raise ConfigError(f"{setting}: no task store at {self.url} ({what}); `tryloop tasks build-default` "
-                                  "or `tryloop tasks import` make one")
+                raise InputMissing(f"{setting}: no task store at {self.url} ({what}); `tryloop tasks build-default` "
+                                   "or `tryloop tasks import` make one")
             return
         try:
             for sub in ("tasks", "index", "stats", "builds"):
