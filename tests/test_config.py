@@ -78,6 +78,28 @@ def test_load_yaml_partial_and_empty(tmp_path):
     assert cfg.sandbox == SandboxConfig()
 
 
+def test_a_section_given_in_part_keeps_the_defaults_its_parent_chose(tmp_path):
+    """`train.policy` samples at T=0.7 with dtype auto and `train.algo` has the run's tuned settings,
+    where a bare PolicyConfig / TrainConfig has others: a file that sets one field of such a section
+    keeps the rest of its parent's defaults (it silently fell back to float32 sampling, T=1, no std
+    floor)."""
+    cfg = load_yaml(write(tmp_path, {"train": {"policy": {"name": "/models/ckpt", "device": "cuda"},
+                                               "algo": {"lr": 3e-5},
+                                               "limits": {"max_new_tokens": 100}},
+                                     "serve": {"env": {"limits": {"max_turns": 5}}}}))
+    default = TryloopConfig()
+    assert cfg.train.policy.name == "/models/ckpt" and cfg.train.policy.device == "cuda"
+    assert cfg.train.policy.model_copy(update={"name": "smollm2-135m", "device": "auto"}) == default.train.policy
+    assert cfg.train.policy.dtype == "auto" and cfg.train.policy.temperature == 0.7
+    assert cfg.train.algo == default.train.algo.model_copy(update={"lr": 3e-5})
+    assert cfg.train.limits == default.train.limits.model_copy(update={"max_new_tokens": 100})
+    assert cfg.serve.env.limits == default.serve.env.limits.model_copy(update={"max_turns": 5})
+    # What a file gives wins, and a whole config read back is the same config.
+    cfg = load_yaml(write(tmp_path, {"train": {"policy": {"dtype": "float32", "max_batch": 8}}}))
+    assert (cfg.train.policy.dtype, cfg.train.policy.max_batch, cfg.train.policy.temperature) == ("float32", 8, 0.7)
+    assert TryloopConfig.model_validate(default.model_dump()) == default
+
+
 def test_load_yaml_into_another_model(tmp_path):
     limits = load_yaml(write(tmp_path, {"memory_mb": 64}), SandboxLimits)
     assert limits == SandboxLimits(memory_mb=64)

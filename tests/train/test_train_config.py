@@ -44,7 +44,7 @@ def test_train_run_refuses_an_update_that_does_not_match_the_sampler():
         TrainRunConfig.model_validate({"policy": {"temperature": 0.7},
                                        "algo": {"old_logprobs": "sampler", "temperature": 0.7}})
     with pytest.raises(ValidationError, match="must equal train.policy.temperature"):
-        TrainRunConfig.model_validate({"policy": {"temperature": 0.7}, "algo": {"old_logprobs": "recompute"}})
+        TrainRunConfig.model_validate({"policy": {"temperature": 1.0}, "algo": {"old_logprobs": "recompute"}})
     with pytest.raises(ValidationError, match="top_p"):
         TrainRunConfig.model_validate({"policy": {"top_p": 0.9}, "algo": {"old_logprobs": "recompute"}})
     ok = TrainRunConfig.model_validate({"policy": {"temperature": 0.7},
