@@ -566,10 +566,11 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
     vars_, type_, len_, dict_, tuple_, list_, str_, int_, isinstance_, sorted_, getattr_, id_, map_, all_ = (
         vars, type, len, dict, tuple, list, str, int, isinstance, sorted, getattr, id, map, all)
     object_getattribute = object.__getattribute__
-    FunctionType, MethodType, ModuleType = types.FunctionType, types.MethodType, types.ModuleType
+    FunctionType, MethodType, ModuleType, CodeType = types.FunctionType, types.MethodType, types.ModuleType, types.CodeType
     unlink = os.unlink
     MISSING = object()
-    EVENTS = {"tryloop.registered": "pytest_plugin_registered", "tryloop.collected": "pytest_collection_finish",
+    EVENTS = {"tryloop.registered": "pytest_plugin_registered", "tryloop.configuring": "pytest_cmdline_main",
+              "tryloop.configured": "pytest_configure", "tryloop.collected": "pytest_collection_finish",
               "tryloop.report": "pytest_runtest_logreport", "tryloop.collectreport": "pytest_collectreport",
               "tryloop.finish": "pytest_sessionfinish"}
     # What pytest itself changes while it runs (its legacy-path and warning bookkeeping, the
@@ -701,6 +702,36 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
     def dict_diff(label, before, now, allow):
         out = ["%s.%s" % (label, k) for k, v in before.items() if k not in allow and now.get(k, MISSING) is not v]
         return out + ["%s.%s (added)" % (label, k) for k in now if k not in before and k not in allow]
+
+    def from_judge_or_libs(v):
+        # A function (or a method, property or static/class method wrapping one) defined in the
+        # installed libraries or the judge's files.
+        for a in ("__func__", "fget"):
+            v = getattr_(v, a, v)
+        code = getattr_(v, "__code__", None)
+        return type_(code) is CodeType and kind_of(code.co_filename) in ("lib", "judge")
+
+    def adopt_configure_changes():
+        # Installed plugins adapt pytest in their pytest_configure (Hypothesis replaces
+        # FixtureFunctionMarker.__call__ to refuse @given on fixtures). Everything was checked as
+        # configure began and no code of the workspace has been collected yet, so a sealed value
+        # that the configure hooks replaced by a function of the libraries or the judge's files is
+        # sealed as it is now; any other change is reported as before.
+        out = []
+        for name, (mod, before, allow, classes) in state["modules"].items():
+            tables = [(name, before, vars_(mod), allow)] + [(label, cb, vars_(cls), ca)
+                                                           for label, (cls, cb, ca) in classes.items()]
+            for label, sealed, now, allowed in tables:
+                for k in list_(now):
+                    v = now.get(k, MISSING)
+                    if k in allowed or sealed.get(k, MISSING) is v:
+                        continue
+                    if from_judge_or_libs(v):
+                        sealed[k] = v
+                    else:
+                        out.append("%s.%s%s" % (label, k, "" if k in sealed else " (added)"))
+                out += ["%s.%s" % (label, k) for k in sealed if k not in allowed and k not in now]
+        return out
 
     def check_modules():
         out = []
@@ -902,7 +933,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             if pm is not state["pm"]:
                 return
             now = pm_state(pm)
-            report(check_pm(state["pm_state"], now, plugin) + check_modules())
+            # (during configure the modules are checked once it ends: adopt_configure_changes)
+            report(check_pm(state["pm_state"], now, plugin) + ([] if state.get("configuring") else check_modules()))
             for name, (ca, impls, ias) in now[2].items():
                 for ia in ias:
                     if ia[1].get("plugin") is plugin:
@@ -916,6 +948,13 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
                     state["modules"][name] = module_state(name, plugin)
             state["pm_state"] = now
             state.pop("fp", None)
+        elif event == "tryloop.configuring":
+            report(check_modules())
+            state["configuring"] = True
+        elif event == "tryloop.configured":
+            if state.pop("configuring", False):
+                report(adopt_configure_changes())
+                state.pop("fp", None)
         elif event == "tryloop.collected":
             session = args[0]
             report(check_run())
@@ -1003,6 +1042,16 @@ def _plugin():
     class Plugin:
         def pytest_plugin_registered(self, plugin, manager, _audit=audit):
             _audit("tryloop.registered", plugin, manager)
+
+        # First in the main command, which configures next, and last in configure: every
+        # plugin's own pytest_configure runs between the two (see adopt_configure_changes).
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_cmdline_main(self, config, _audit=audit):
+            _audit("tryloop.configuring", config)
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure(self, config, _audit=audit):
+            _audit("tryloop.configured", config)
 
         def pytest_collection_finish(self, session, _audit=audit):
             _audit("tryloop.collected", session)
