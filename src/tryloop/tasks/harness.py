@@ -711,27 +711,19 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
         code = getattr_(v, "__code__", None)
         return type_(code) is CodeType and kind_of(code.co_filename) in ("lib", "judge")
 
-    def adopt_configure_changes():
-        # Installed plugins adapt pytest in their pytest_configure (Hypothesis replaces
-        # FixtureFunctionMarker.__call__ to refuse @given on fixtures). Everything was checked as
-        # configure began and no code of the workspace has been collected yet, so a sealed value
-        # that the configure hooks replaced by a function of the libraries or the judge's files is
-        # sealed as it is now; any other change is reported as before.
-        out = []
+    def adopt_library_changes():
+        # Installed plugins adapt pytest as they load or in their pytest_configure (Hypothesis's
+        # replaces FixtureFunctionMarker.__call__ to refuse @given on fixtures, as its module is
+        # imported). Called where only such code ran since the last check (see its callers): a
+        # sealed value replaced by a function of the libraries or the judge's files is sealed as it
+        # is now; any other change is reported as before.
         for name, (mod, before, allow, classes) in state["modules"].items():
-            tables = [(name, before, vars_(mod), allow)] + [(label, cb, vars_(cls), ca)
-                                                           for label, (cls, cb, ca) in classes.items()]
-            for label, sealed, now, allowed in tables:
-                for k in list_(now):
-                    v = now.get(k, MISSING)
-                    if k in allowed or sealed.get(k, MISSING) is v:
-                        continue
-                    if from_judge_or_libs(v):
+            tables = [(before, vars_(mod), allow)] + [(cb, vars_(cls), ca) for cls, cb, ca in classes.values()]
+            for sealed, now, allowed in tables:
+                for k, v in list_(now.items()):
+                    if k not in allowed and sealed.get(k, MISSING) is not v and from_judge_or_libs(v):
                         sealed[k] = v
-                    else:
-                        out.append("%s.%s%s" % (label, k, "" if k in sealed else " (added)"))
-                out += ["%s.%s" % (label, k) for k in sealed if k not in allowed and k not in now]
-        return out
+        return check_modules()
 
     def check_modules():
         out = []
@@ -933,19 +925,29 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             if pm is not state["pm"]:
                 return
             now = pm_state(pm)
-            # (during configure the modules are checked once it ends: adopt_configure_changes)
-            report(check_pm(state["pm_state"], now, plugin) + ([] if state.get("configuring") else check_modules()))
+            mod_name = mod_path = None
+            if type_(plugin) is ModuleType:
+                mod_name, mod_path = vars_(plugin).get("__name__"), vars_(plugin).get("__file__")
+            installed = (isinstance_(mod_name, str_) and isinstance_(mod_path, str_) and not mod_path.startswith("<")
+                         and kind_of(mod_path) == "lib")
+            if state.get("configuring"):
+                changed = []   # checked once configure ends (adopt_library_changes)
+            elif installed and "configured" not in state:
+                # An installed plugin module registered before configure was imported just now:
+                # installed plugins (entry points, -p) load before any conftest, and a conftest's
+                # own registration was checked before the plugins it names are imported.
+                changed = adopt_library_changes()
+            else:
+                changed = check_modules()
+            report(check_pm(state["pm_state"], now, plugin) + changed)
             for name, (ca, impls, ias) in now[2].items():
                 for ia in ias:
                     if ia[1].get("plugin") is plugin:
                         where = agent_file(ia[1].get("function"))
                         if where:
                             tamper("a pytest plugin implements %s with %s" % (name, where))
-            if type_(plugin) is ModuleType:  # a plugin module of an installed package: sealed too
-                name, path = vars_(plugin).get("__name__"), vars_(plugin).get("__file__")
-                if (isinstance_(name, str_) and isinstance_(path, str_) and name not in state["modules"]
-                        and not path.startswith("<") and kind_of(path) == "lib"):
-                    state["modules"][name] = module_state(name, plugin)
+            if installed and mod_name not in state["modules"]:  # a plugin module of an installed package: sealed too
+                state["modules"][mod_name] = module_state(mod_name, plugin)
             state["pm_state"] = now
             state.pop("fp", None)
         elif event == "tryloop.configuring":
@@ -953,7 +955,8 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
             state["configuring"] = True
         elif event == "tryloop.configured":
             if state.pop("configuring", False):
-                report(adopt_configure_changes())
+                state["configured"] = True
+                report(adopt_library_changes())
                 state.pop("fp", None)
         elif event == "tryloop.collected":
             session = args[0]
@@ -1044,7 +1047,7 @@ def _plugin():
             _audit("tryloop.registered", plugin, manager)
 
         # First in the main command, which configures next, and last in configure: every
-        # plugin's own pytest_configure runs between the two (see adopt_configure_changes).
+        # plugin's own pytest_configure runs between the two (see adopt_library_changes).
         @pytest.hookimpl(tryfirst=True)
         def pytest_cmdline_main(self, config, _audit=audit):
             _audit("tryloop.configuring", config)
