@@ -117,3 +117,19 @@ def test_protected_patterns_and_escaping_paths(task):
     assert not is_protected("pkg/testsuite.py", ["tests/"])
     applied, refused = split_changes(task, {"../evil.py": b"", "/etc/x": b"", "ok.py": b"x"}, {})
     assert list(applied) == ["ok.py"] and "../evil.py" in refused
+
+
+def test_the_agents_source_is_compiled_without_warnings_in_the_host():
+    # The compiles component and the signature check compile the answer in the trainer's process:
+    # an invalid escape sequence in it (a SyntaxWarning from Python 3.12, a DeprecationWarning
+    # before) must not print there.
+    import warnings
+
+    from tryloop.rewards.rules import compiles, public_signatures
+
+    src = b'def f(x):\n    return "a\\ b" + x\n'
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert compiles(Submission.from_files({"solution.py": src})) == 1.0
+        assert public_signatures(src, "solution") == {"solution:f": "x"}
+    assert not seen, [str(w.message) for w in seen]

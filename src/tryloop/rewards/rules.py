@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 from tryloop.errors import TryloopError
@@ -45,16 +46,25 @@ def compiles(sub: Submission) -> float:
     changed = [(p, d) for p, d in sub.changes.items() if d is not None and p.endswith(".py")]
     for path, data in changed:
         try:
-            compile(data, path, "exec", dont_inherit=True)
+            _quietly(compile, data, path, "exec", dont_inherit=True)
         except (SyntaxError, ValueError):
             return 0.0
     return 1.0 if changed else 0.0
 
 
+def _quietly(fn, *args, **kwargs):
+    # The agent's source is compiled here, in the host process: what the compiler warns about in
+    # it (an invalid escape sequence is a SyntaxWarning from Python 3.12) is no news for the
+    # trainer's output.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
 def public_signatures(source: bytes, module: str) -> dict[str, str]:
     """'module:name' -> parameter list, for public top-level functions, classes and their methods."""
     try:
-        tree = ast.parse(source)
+        tree = _quietly(ast.parse, source)
     except (SyntaxError, ValueError):
         return {}
     out: dict[str, str] = {}
