@@ -55,15 +55,11 @@ def main() -> None:
     from tryloop.store.trajectories import TrajectoryStore
     from tryloop.train import memory
     from tryloop.train.advantages import compute_advantages
-    from tryloop.train.run_config import TrainRunConfig
+    from tryloop.train.run import stored_run
     from tryloop.train.update import Learner
 
     cfg = load_yaml(args.config) if args.config else TryloopConfig()
-    runs = Path(cfg.store.runs_dir)
-    run = args.run or max((p for p in runs.iterdir() if (p / "metrics.jsonl").exists()),
-                          key=lambda p: p.stat().st_mtime).name
-    manifest = json.loads((runs / run / "manifest.json").read_text())
-    tcfg = TrainRunConfig.model_validate(manifest["config"]["train"])
+    run, tcfg = stored_run(cfg.store.runs_dir, args.run)
     store = TrajectoryStore(cfg.store.trajectories_url)
     steps = [int(s) for s in args.steps.split(",")]
     loaded = load_model(tcfg.policy.name, device="cpu")

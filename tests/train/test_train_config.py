@@ -105,3 +105,29 @@ def test_a_run_without_held_out_tasks_to_evaluate_is_warned():
     assert no_heldout_warning(TrainRunConfig(eval_tasks=0), 122, 0) is None      # asked for none
     whole = TrainRunConfig(zone=False, source=None)
     assert no_heldout_warning(whole, 0, 0).startswith("warning: no held-out task (0 held-out)")
+
+
+def test_a_stored_run_is_read_back_with_the_config_it_recorded(tmp_path):
+    import json
+    import os
+
+    from tryloop.errors import TryloopError
+    from tryloop.train.run import stored_run
+    from tryloop.train.run_config import TrainRunConfig
+
+    with pytest.raises(TryloopError, match="store.runs_dir: no train run with metrics"):
+        stored_run(tmp_path / "runs")
+    for i, (name, lr) in enumerate((("old", 1e-5), ("new", 3e-5), ("eval-only", 1e-4))):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        tcfg = TrainRunConfig().model_copy(update={"run_id": name, "algo": TrainRunConfig().algo.model_copy(update={"lr": lr})})
+        (d / "manifest.json").write_text(json.dumps({"config": {"train": tcfg.model_dump(mode="json")}}))
+        if name != "eval-only":
+            (d / "metrics.jsonl").write_text("{}\n")
+            os.utime(d / "metrics.jsonl", (1000 + i, 1000 + i))
+    run, tcfg = stored_run(tmp_path / "runs")
+    assert run == "new" and tcfg.algo.lr == 3e-5
+    assert stored_run(tmp_path / "runs", "old")[1].algo.lr == 1e-5
+    (tmp_path / "runs" / "old" / "manifest.json").write_text("{}")
+    with pytest.raises(TryloopError, match="manifest.json: no train configuration"):
+        stored_run(tmp_path / "runs", "old")

@@ -192,6 +192,23 @@ async def _serve_learner_model(tcfg: TrainRunConfig, loaded: Any, stack: context
     return url
 
 
+def stored_run(runs_dir: str | Path, run_id: str | None = None) -> tuple[str, TrainRunConfig]:
+    """A train run under `runs_dir` (`run_id`, or the one that wrote metrics last) and the train
+    configuration its manifest recorded: what tools that read a run back load its policy with."""
+    runs = Path(runs_dir)
+    if run_id is None:
+        found = [p for p in runs.iterdir() if (p / "metrics.jsonl").exists()] if runs.is_dir() else []
+        if not found:
+            raise TryloopError(f"store.runs_dir: no train run with metrics under {runs}")
+        run_id = max(found, key=lambda p: (p / "metrics.jsonl").stat().st_mtime).name
+    manifest = runs / run_id / "manifest.json"
+    try:
+        recorded = json.loads(manifest.read_text())["config"]["train"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise TryloopError(f"{manifest}: no train configuration recorded there ({e})") from None
+    return run_id, TrainRunConfig.model_validate(recorded)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
