@@ -309,14 +309,3 @@ async def test_the_same_change_by_the_code_under_test_is_still_judge_tampering(r
         code = f"import _pytest.fixtures\n{how}\n\n\ndef add(a, b):\n    return a + b\n"
         v = await verify(runtime, task, Submission.from_files({"calc/__init__.py": code}))
         assert v.state != "pass" and "judge_tamper" in {f.kind for f in v.flags}, (how, v.reason, v.flags)
-
-
-async def test_an_installed_plugin_that_patches_pytest_as_it_loads_is_not_judge_tampering(runtime, fixture_task):
-    # Hypothesis's plugin (a dev dependency, so present here) replaces FixtureFunctionMarker.__call__
-    # when its module is imported: every task judged on such a host got no verdict.
-    from importlib.metadata import entry_points
-
-    assert "_hypothesis_pytestplugin" in {e.value for e in entry_points(group="pytest11")}
-    v = await verify(runtime, fixture_task, _with(fixture_task))
-    assert v.state == "pass", (v.reason, v.flags)
-    assert not [f for f in v.flags if f.severity == "hack"], v.flags

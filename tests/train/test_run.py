@@ -49,7 +49,7 @@ def write_config(root: Path, name: str = "config.yaml", **train) -> Path:
         "store": {"trajectories_url": str(root / "traj"), "runs_dir": str(root / "runs")},
         "train": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "concurrency": 1, "eval_tasks": 0,
                   "source": "humaneval", "zone": False, "check_source": None, "refill_groups": 0,
-                  "eval_at_start": False, "policy": {"temperature": 1.0, "max_batch": 4},
+                  "eval_at_start": False, "policy": {"temperature": 1.0, "max_batch": 4, "dtype": "float32"},
                   "algo": {"lr": 1e-5, "micro_batch": 2, "temperature": 1.0},
                   "limits": {"max_turns": 1, "max_new_tokens": 160, "max_total_tokens": 160,
                              "max_context_tokens": 1024}, **train},
