@@ -309,3 +309,40 @@ async def test_the_same_change_by_the_code_under_test_is_still_judge_tampering(r
         code = f"import _pytest.fixtures\n{how}\n\n\ndef add(a, b):\n    return a + b\n"
         v = await verify(runtime, task, Submission.from_files({"calc/__init__.py": code}))
         assert v.state != "pass" and "judge_tamper" in {f.kind for f in v.flags}, (how, v.reason, v.flags)
+
+
+# Hypothesis's plugin does it as its module is imported, before any conftest: the same, from a
+# plugin module installed in the host's Python for this test and loaded with `-p`.
+_ADAPTS_AT_IMPORT = '''import _pytest.fixtures
+
+_call = _pytest.fixtures.FixtureFunctionMarker.__call__
+
+
+def _ban_given_call(self, function):
+    return _call(self, function)
+
+
+_pytest.fixtures.FixtureFunctionMarker.__call__ = _ban_given_call
+'''
+
+
+async def test_an_installed_plugin_that_patches_pytest_as_it_loads_is_not_judge_tampering(runtime, tmp_path):
+    import os
+    import sysconfig
+
+    from tryloop.tasks.model import TaskMeta
+
+    name = f"tryloop_test_adapts_pytest_{os.getpid()}"
+    plugin = Path(sysconfig.get_paths()["purelib"]) / f"{name}.py"
+    meta = TaskMeta(id="unit/installed-plugin-adapts-pytest", family="unit", project="unit", source="local",
+                    test_command=f"python3 -m pytest -q -p {name} tests")
+    task = Task.create(tmp_path / "t", meta, "Fix add.", workspace={"calc/__init__.py": "def add(a, b):\n    return a - b\n"},
+                       tests={"tests/test_add.py": _FIXTURE_TEST},
+                       solution={"calc/__init__.py": "def add(a, b):\n    return a + b\n"})
+    plugin.write_text(_ADAPTS_AT_IMPORT)
+    try:
+        v = await verify(runtime, task, Submission.from_files({"calc/__init__.py": "def add(a, b):\n    return a + b\n"}))
+    finally:
+        plugin.unlink()
+    assert v.state == "pass", (v.reason, v.flags, v.outcomes)
+    assert not [f for f in v.flags if f.severity == "hack"], v.flags
