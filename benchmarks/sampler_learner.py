@@ -28,18 +28,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
-def _vm_hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", help="the train run (default: the newest run directory under store.runs_dir)")
@@ -53,7 +41,9 @@ def main() -> None:
     from tryloop.agent.hf import load_model, resolve_engine_dtype
     from tryloop.config import TryloopConfig, load_yaml
     from tryloop.store.trajectories import TrajectoryStore
+    from tryloop.telemetry.stats import nearest_rank
     from tryloop.train.advantages import compute_advantages
+    from tryloop.train.memory import peak_rss_mb
     from tryloop.train.run import stored_run
     from tryloop.train.update import Learner
 
@@ -91,7 +81,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
     update_s = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else _vm_hwm_mib())
+    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb())
 
     result = {
         "run": run, "step": args.step, "policy": tcfg.policy.name, "weights_version": loaded.weights_version,
@@ -101,16 +91,16 @@ def main() -> None:
         "sampler_dtype": str(resolve_engine_dtype(tcfg.policy.dtype, device)).removeprefix("torch."),
         "learner_amp_bf16": updater.amp,
         "episodes": len(trajs), "sampled_tokens": len(diffs),
-        "logprob_abs_diff": {"max": max(absd), "mean": statistics.fmean(absd), "p50": _percentile(absd, 0.5),
-                             "p99": _percentile(absd, 0.99)},
+        "logprob_abs_diff": {"max": max(absd), "mean": statistics.fmean(absd), "p50": nearest_rank(absd, 50),
+                             "p99": nearest_rank(absd, 99)},
         "ratio": {"mean": statistics.fmean(ratios), "min": min(ratios), "max": max(ratios),
-                  "p01": _percentile(ratios, 0.01), "p99": _percentile(ratios, 0.99)},
+                  "p01": nearest_rank(ratios, 1), "p99": nearest_rank(ratios, 99)},
         "logprob_pass_s": round(logprob_s, 3),
         "update": {"seconds": round(update_s, 3), "sequences": out["sequences"], "loss_tokens": out["tokens"],
                    "loss": out.get("loss"), "grad_norm": out.get("grad_norm"),
                    "optimizer_steps": out["optimizer_steps"],
                    "peak_mib": round(peak, 1),
-                   "peak_kind": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "VmHWM"},
+                   "peak_kind": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "ru_maxrss"},
     }
     print(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1) + "\n")

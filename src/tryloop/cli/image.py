@@ -44,17 +44,12 @@ def _build_args(items: list[str] | None) -> dict[str, str] | None:
     return out
 
 
-def _store(cfg):
+def _store(cfg, *, create: bool = True):
+    """The image store (`runtime.store_dir`); `create=False` for commands that read or clean up, so
+    that a mistyped path is an error naming it rather than a new, empty store."""
     from tryloop.sandbox.layers import LayerStore
 
-    return run_cli(LayerStore, cfg.runtime.store_dir)
-
-
-def _existing_store(cfg):
-    """The store of a command that reads or cleans up: never one made where a path was mistyped."""
-    from tryloop.sandbox.layers import LayerStore
-
-    return run_cli(LayerStore, cfg.runtime.store_dir, create=False)
+    return run_cli(LayerStore, cfg.runtime.store_dir, create=create)
 
 
 @app.command()
@@ -190,7 +185,7 @@ def ls(json_out: JsonOut = False, config: ConfigOpt = None, store_dir: StoreDir 
     from tryloop.sandbox.catalog import disk_usage, list_images
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _existing_store(cfg)
+    store = _store(cfg, create=False)
     rows = sorted(run_cli(list_images, store), key=lambda r: (not r.tags, r.tags, r.image.id))
     if json_out:
         print(json.dumps([{"id": r.image.id, "tags": r.tags, "kind": r.image.meta.get("kind"),
@@ -218,7 +213,7 @@ def inspect(ref: Annotated[str, typer.Argument(help="image name, id or id prefix
     from tryloop.sandbox.catalog import load_record, resolve, tags
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _existing_store(cfg)
+    store = _store(cfg, create=False)
     try:
         iid = run_cli(resolve, store, ref)
         image = run_cli(load_record, store, iid)
@@ -242,7 +237,7 @@ def rm(refs: Annotated[list[str], typer.Argument(help="image names, ids or id pr
     from tryloop.sandbox.catalog import remove_image
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir})
-    store = _existing_store(cfg)
+    store = _store(cfg, create=False)
     failed = False
     for ref in refs:
         try:
@@ -265,7 +260,7 @@ def prune(dry_run: Annotated[bool, typer.Option("--dry-run", help="report only")
     from tryloop.sandbox.catalog import prune as do_prune
 
     cfg = run_cli(load_config, config, {"runtime.store_dir": store_dir, "images.prune_grace_s": grace})
-    store = _existing_store(cfg)
+    store = _store(cfg, create=False)
     rep = run_cli(do_prune, store, grace_s=cfg.images.prune_grace_s, dry_run=dry_run)
     table = Table(title=("would prune" if dry_run else "pruned") + f" {store.root}")
     for col in ("", "layers", "disk"):
