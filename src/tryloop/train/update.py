@@ -338,6 +338,7 @@ class Learner:
             "nonfinite_steps": float(nonfinite),
             "step_s": seconds,
             "tokens_per_s": tokens / seconds,
+            "cpu_threads": float(torch.get_num_threads()),   # this thread's: see train.run.on_threads
         }
         metrics.setdefault("kl", 0.0)
         return metrics
