@@ -53,9 +53,9 @@ def _python_libs() -> list[str]:
     return sorted(lib for lib in libs if not lib.startswith(sys.base_prefix))
 
 
-async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_path):
-    """No network: the base is an image archive (the host's bash, a few tools and the C
-    libraries the host's Python needs), a RUN step installs the tool the tests call."""
+def _minimal_base(runtime, tmp_path, tag: str, extra: list | tuple = (), env: list | tuple = ()) -> None:
+    """Tag `tag`: an image of the host's bash, a few tools and the C libraries the host's
+    Python needs (and `extra` entries), with PATH=/bin (and `env`)."""
     entries = base_entries(tools=("bash", "cat", "ls", "mkdir", "rm", "chmod", "chown", "sed", "id", "stat", "touch"))
     have = {e[0] for e in entries}
     for lib in _python_libs():
@@ -69,10 +69,16 @@ async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_pat
         if rel not in have:
             have.add(rel)
             entries.append((rel, "f", Path(os.path.realpath(lib)).read_bytes(), 0o755))
+    entries += list(extra)
     layers = [layer_tar(entries)]
-    archive = docker_save(tmp_path / "base.tar", layers, image_config(layers, env=["PATH=/bin"]))
-    tag_image(runtime.store, "harbor-fast-base:1", import_archive(runtime.store, archive).id)
+    archive = docker_save(tmp_path / "base.tar", layers, image_config(layers, env=["PATH=/bin", *env]))
+    tag_image(runtime.store, tag, import_archive(runtime.store, archive).id)
 
+
+async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_path):
+    """No network: the base is an image archive (the host's bash, a few tools and the C
+    libraries the host's Python needs), a RUN step installs the tool the tests call."""
+    _minimal_base(runtime, tmp_path, "harbor-fast-base:1")
     src = tmp_path / "src"
     shutil.copytree(HARBOR, src)
     (src / "environment/Dockerfile").write_text(
@@ -104,6 +110,72 @@ async def test_a_harbor_task_on_a_minimal_image_is_judged_there(runtime, tmp_pat
         # What RUN made in the working directory is the agent's, as it is root's (Harbor's agent) in Docker.
         res = await sb.exec(["/bin/sh", "-c", "stat -c %u out out/seed.txt && touch out/new && echo wrote"])
         assert res.text().split() == ["1000", "1000", "wrote"], res.text()
+
+
+def _plugin_dist(name: str, module: str, source: str) -> list[tuple]:
+    """Image entries (relative paths) of an installed pytest plugin: its module and a
+    dist-info whose entry point names it."""
+    info = f"{name}-1.0.dist-info"
+    return [(f"{module}.py", "f", source.encode(), 0o644), (info, "d", None, 0o755),
+            (f"{info}/METADATA", "f", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(), 0o644),
+            (f"{info}/entry_points.txt", "f", f"[pytest11]\n{name} = {module}\n".encode(), 0o644)]
+
+
+def _write_entries(root: Path, entries: list[tuple]) -> None:
+    for rel, kind, data, mode in entries:
+        if kind == "d":
+            (root / rel).mkdir(mode=mode, parents=True, exist_ok=True)
+        else:
+            (root / rel).write_bytes(data)
+
+
+async def test_the_hosts_pytest_plugins_stay_out_of_a_tasks_own_image(runtime, tmp_path, monkeypatch):
+    """The harness runs a task's tests on its own image with the host's Python bound in. A
+    pytest plugin installed in the host's Python stays out of them, as it would be in the
+    image alone (Hypothesis's, on a host that has it, needs libgcc_s, which a minimal image
+    lacks: every run got no verdict); a plugin the image installs itself loads."""
+    from tryloop.sandbox import images
+
+    # One more installation of the host's Python (bound into task images like the venv),
+    # holding a plugin that, like Hypothesis's, loads a C library the host has.
+    host_site = tmp_path / "host-site"
+    host_site.mkdir()
+    _write_entries(host_site, _plugin_dist("tl-host-plugin", "tl_host_plugin",
+                                           "import ctypes\nctypes.CDLL('libgcc_s.so.1')\n"))
+    real = images.python_prefixes
+    monkeypatch.setattr(images, "python_prefixes", lambda: [*real(), str(host_site)])
+    # The image's own plugin gives the tests a fixture.
+    own = [("opt", "d", None, 0o755), ("opt/site", "d", None, 0o755)]
+    own += [(f"opt/site/{rel}", *rest) for rel, *rest in _plugin_dist(
+        "tl-image-plugin", "tl_image_plugin",
+        "import pytest\n\n\n@pytest.fixture\ndef image_name():\n    return 'ada'\n")]
+    _minimal_base(runtime, tmp_path, "plugin-base:1", own, [f"PYTHONPATH=/opt/site:{host_site}"])
+
+    src = tmp_path / "src"
+    shutil.copytree(HARBOR, src)
+    (src / "environment/Dockerfile").write_text(
+        "FROM plugin-base:1\nWORKDIR /app\nCOPY report.py /app/report.py\n"
+        "RUN printf '#!/bin/sh\\necho \"hello, $1\"\\n' > /bin/imgtool && chmod 755 /bin/imgtool\n")
+    (src / "environment/report.py").write_text(FAST_FIX.replace(".strip()", "[:5]"))  # the bug
+    (src / "tests/test_report.py").write_text(
+        "from report import greet\n\n\ndef test_greet(image_name):\n"
+        "    assert greet(image_name) == 'hello, ada'\n")
+    (src / "solution/solve.sh").write_text("#!/bin/bash\nsed -i 's/\\[:5\\]/.strip()/' /app/report.py\n")
+    task = import_harbor(src, tmp_path / "task")
+    await build_environment(runtime, task, options=BuildOptions(network=False))
+    task = Task.load(task.root)
+
+    fixed = await verify(runtime, task, Submission.from_files({"report.py": FAST_FIX}))
+    assert fixed.state == "pass", fixed.reason
+    assert fixed.outcomes == {".harbor-tests/test_report.py::test_greet": "passed"}
+    broken = await verify(runtime, task, Submission())
+    assert broken.state == "fail", broken.reason
+    # With the host's plugins let in, the fixed code does not pass: the plugin cannot load, and
+    # no test runs.
+    from tryloop.tasks import harness
+    monkeypatch.setattr(harness, "host_sites", lambda runtime, task: [])
+    let_in = await verify(runtime, task, Submission.from_files({"report.py": FAST_FIX}))
+    assert let_in.state != "pass" and not let_in.outcomes, (let_in.state, let_in.reason, let_in.outcomes)
 
 
 def test_which_bases_the_host_can_make(monkeypatch):

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from tryloop.config import SandboxConfig, SandboxLimits
 from tryloop.errors import SandboxError, TryloopError
-from tryloop.sandbox import SandboxRuntime, Snapshot
+from tryloop.sandbox import SandboxRuntime, Snapshot, images
 from tryloop.tasks.model import Task
 
 HIDDEN_TEST_READ = "hidden_test_read"
@@ -107,6 +107,18 @@ def task_snapshot(runtime: SandboxRuntime, task: Task, config: SandboxConfig | N
                                f"layer store {runtime.store.root}; build it again (`tryloop tasks import` of the "
                                "task directory)") from None
     return runtime.workspace_snapshot(task.workspace_dir, image=image, config=config)
+
+
+def host_sites(runtime: SandboxRuntime, task: Task) -> list[str]:
+    """The host's Python installations bound into a task's own image only for the harness
+    (`with_host_python`): the task's tests run without the pytest plugins installed there, as
+    they would in the image alone. Empty for a task on the host-derived root, or on an image
+    whose own binds hold the host's Python (built on that root): there those plugins are the
+    environment's."""
+    if task.meta.image is None:
+        return []
+    own = {dst for _, dst in runtime.image(task.meta.image).binds}
+    return [p for p in images.python_prefixes() if p not in own]
 
 
 def sandbox_config_for(task: Task) -> SandboxConfig:
@@ -1014,12 +1026,32 @@ def _integrity(send, root, kind_of, outcome_of, hidden, modules):
 CHANNEL_EXIT = @CHANNEL_EXIT@
 
 
+def _host_plugins_off(sites):
+    # A task's own image runs the harness with the host's Python bound in, and with it every
+    # installation of the host's: their pytest plugins would load into tests written for the
+    # image (and may not even import there: Hypothesis's needs a C library a minimal image
+    # lacks). `-p no:NAME` for each entry-point plugin that only those installations provide;
+    # one the image installs itself still loads, and a `-p NAME` of the task's still wins.
+    import os
+    from importlib import metadata
+    host, own = set(), set()
+    for dist in metadata.distributions():
+        names = {ep.name for ep in dist.entry_points if ep.group == "pytest11"}
+        if names:
+            where = os.path.realpath(str(dist.locate_file("")))
+            bound = any(where == s or where.startswith(s.rstrip("/") + "/") for s in sites)
+            (host if bound else own).update(names)
+    return [a for name in sorted(host - own) for a in ("-p", "no:" + name)]
+
+
 def _main():
     import json, os
     fds, manifest_path, *args = sys.argv[1:]
     fd, _, key_fd = fds.partition(":")
     with open(manifest_path) as f:
         manifest = json.load(f)
+    if manifest.get("host_sites"):
+        args = [*_host_plugins_off(manifest["host_sites"]), *args]
     _install(int(fd), int(key_fd) if key_fd else -1, manifest, _outcome)
     import pytest
 
@@ -1164,11 +1196,13 @@ sys.exit(int(json.loads(reply).get("status", 1)) if reply else 1)
 '''
 
 
-def slot_files(root: str, agent_files: list[str], hidden_files: list[str], python: str | None = None
-               ) -> dict[str, str]:
+def slot_files(root: str, agent_files: list[str], hidden_files: list[str], python: str | None = None,
+               host_sites: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """What the verifier writes into its slot (no secret in any of them); with `python`, the
-    shims a shell test command finds first on its PATH."""
-    manifest = {"root": root, "agent_files": sorted(agent_files), "hidden_files": sorted(hidden_files)}
+    shims a shell test command finds first on its PATH. `host_sites`: installations of the
+    host's Python whose pytest plugins stay out of the tests (see `host_sites`)."""
+    manifest = {"root": root, "agent_files": sorted(agent_files), "hidden_files": sorted(hidden_files),
+                "host_sites": list(host_sites)}
     files = {"supervisor.py": SUPERVISOR, "test_process.py": TEST_PROCESS, "manifest.json": json.dumps(manifest)}
     if python:
         files["shim.py"] = SHIM_CLIENT
@@ -1271,7 +1305,8 @@ async def run(runtime: SandboxRuntime, task: Task, applied: Changes, hidden: dic
             sb.write_file(rel, data)
         agent_files = [p for p, d in applied.items() if d is not None]
         python, args = _python(sb.env), (argv if argv is not None else pytest_args(task))
-        files = slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None)
+        files = slot_files(cfg.workdir, agent_files, sorted(hidden), python if args is None else None,
+                           host_sites(runtime, task))
         for name, text in files.items():
             sb.write_file(f"{slot}/{name}", text)
         if args is None:
