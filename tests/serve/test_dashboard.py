@@ -126,8 +126,24 @@ def test_episode_viewer_has_turns_tool_calls_diff_and_verdict(run):
     runs_dir, url, _ = run
     fresh = TestClient(create_app(Dashboard(runs_dir, url)))
     r = fresh.get(f"/api/trajectories/{flagged['episode_id']}", params={"run": RUN, "step": 2})
-    # without a task store the diff shows the judged files whole
+    # without a task store the diff shows the judged files whole, and says why
     assert r.status_code == 200 and r.json()["diff"]["files"] == [{"path": "gcd.py", "status": "changed"}]
+    assert r.json()["diff"]["why"] == "no task store was given"
+    # a store without the task, and one that holds it but cannot read its files, say which
+    import shutil
+
+    from tryloop.tasks.store import TaskStore
+
+    other = TaskStore(str(runs_dir.parent / "other-tasks"))
+    where = {"run": RUN, "step": 2}
+    why = TestClient(create_app(Dashboard(runs_dir, url, other.url))).get(
+        f"/api/trajectories/{flagged['episode_id']}", params=where).json()["diff"]["why"]
+    assert why.startswith(f"no task {t['task_fingerprint']!r} in the task store"), why
+    tasks_url = str(runs_dir.parent / "tasks")   # build_run's
+    shutil.rmtree(TaskStore(tasks_url).get(t["task_fingerprint"]).workspace_dir)
+    diff = TestClient(create_app(Dashboard(runs_dir, url, tasks_url))).get(
+        f"/api/trajectories/{flagged['episode_id']}", params=where).json()["diff"]
+    assert diff["against"] is None and "could not be read" in diff["why"], diff
 
 
 def test_bad_input_gets_clear_errors(run):

@@ -337,18 +337,25 @@ class Dashboard:
                            + (f" step {step}" if step is not None else ""))
         return _clean(self._episode_view(found[-1]))
 
-    def _original(self, t: Any) -> dict[str, bytes] | None:
-        """The task's initial workspace files, when the task store holds the task."""
-        if not self.tasks_url or not t.task_fingerprint:
-            return None
+    def _original(self, t: Any) -> tuple[dict[str, bytes] | None, str | None]:
+        """The task's initial workspace files when the task store holds the task; otherwise None
+        and why not (the diff then shows the new files whole)."""
+        if not self.tasks_url:
+            return None, "no task store was given"
+        if not t.task_fingerprint:
+            return None, "the episode names no task version"
+        from tryloop.errors import InputMissing, TryloopError
+        from tryloop.tasks.store import TaskNotFound, TaskStore
+
         try:
             if self._tasks is None:
-                from tryloop.tasks.store import TaskStore
-
                 self._tasks = TaskStore(self.tasks_url, create=False)
-            return self._tasks.get(t.task_fingerprint).workspace_files()
-        except Exception:   # a missing or unreadable task: the diff shows the new files whole
-            return None
+            return self._tasks.get(t.task_fingerprint).workspace_files(), None
+        except (InputMissing, TaskNotFound) as e:
+            return None, str(e)
+        except (TryloopError, OSError, ValueError) as e:   # there but unreadable (a corrupt store, a
+            # task that no longer loads): said, not taken for "absent"
+            return None, f"the task's files in {self.tasks_url} could not be read: {e}"
 
     def _episode_view(self, t: Any) -> Row:
         turns = []
@@ -368,7 +375,7 @@ class Dashboard:
             "verdict_reason": _clip(t.verdict_reason), "times": t.times, "created_at": t.created_at,
             "prompt_length": t.prompt_length, "completion_tokens": t.completion_tokens,
             "num_tokens": len(t.token_ids), "token_source": t.token_source, "turns": turns,
-            "messages": len(t.messages), "diff": _diff(t.changes, self._original(t)),
+            "messages": len(t.messages), "diff": _diff(t.changes, *self._original(t)),
         }
 
 
@@ -401,9 +408,10 @@ def _clip(s: str | None, n: int = _TEXT_CHARS) -> str:
     return s if len(s) <= n else f"{s[: n // 2]}\n… [{len(s) - n:,} characters cut] …\n{s[-n // 2:]}"
 
 
-def _diff(changes: dict[str, str | None], original: dict[str, bytes] | None) -> dict[str, Any]:
+def _diff(changes: dict[str, str | None], original: dict[str, bytes] | None,
+          why: str | None = None) -> dict[str, Any]:
     """A unified diff of the judged workspace against the task's initial files (whole new files when
-    the task store does not hold the task)."""
+    they are not at hand: `why`)."""
     out, files = [], []
     for path in sorted(changes):
         enc = changes[path]
@@ -423,7 +431,8 @@ def _diff(changes: dict[str, str | None], original: dict[str, bytes] | None) -> 
     text = "".join(out)
     if len(text) > _DIFF_CHARS:
         text = text[:_DIFF_CHARS] + f"\n… [{len(text) - _DIFF_CHARS:,} characters cut]\n"
-    return {"files": files, "text": text, "against": "task" if original is not None else None}
+    return {"files": files, "text": text, "against": "task" if original is not None else None,
+            "why": None if original is not None else why}
 
 
 # ---- views: what the page draws, built with the run report's own helpers ------------------
