@@ -257,9 +257,33 @@ def test_selected_logprobs_match_the_full_log_softmax_and_its_gradient(model):
     finally:
         update.LOGIT_CHUNK = old_chunk
     assert torch.allclose(part, full, atol=1e-6)
-    (g_full,) = torch.autograd.grad(full.sum(), hidden)
-    (g_part,) = torch.autograd.grad(part.sum(), hidden)
-    assert torch.allclose(g_part, g_full, atol=1e-6)
+    w = head.weight
+    g_full = torch.autograd.grad((full * torch.arange(14.0).view(2, 7)).sum(), (hidden, w))
+    g_part = torch.autograd.grad((part * torch.arange(14.0).view(2, 7)).sum(), (hidden, w))
+    for a, b in zip(g_part, g_full, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+def test_selected_logprobs_at_two_temperatures_and_with_bf16_matmuls(model):
+    from tryloop.train import update
+
+    torch.manual_seed(4)
+    hidden = torch.randn(3, 5, 32, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (3, 5))
+    select = torch.rand(3, 5) > 0.3
+    head = model.get_output_embeddings()
+    tempered, raw = update.selected_logprobs_and_raw(hidden, head, targets, select, 0.7)
+    assert torch.allclose(tempered, token_logprobs(head(hidden), targets, 0.7) * select, atol=1e-6)
+    assert torch.allclose(raw, token_logprobs(head(hidden), targets) * select, atol=1e-6)
+    assert not raw.requires_grad
+    # bf16 matmuls (under autocast): the same values and gradients to bf16's precision
+    half = update.selected_logprobs(hidden, head, targets, select, 0.7, torch.bfloat16)
+    assert half.dtype == torch.float32 and torch.allclose(half, tempered, atol=0.05)
+    ga = torch.autograd.grad(tempered.sum(), (hidden, head.weight))
+    gb = torch.autograd.grad(half.sum(), (hidden, head.weight))
+    for a, b in zip(ga, gb, strict=True):
+        assert b.dtype == torch.float32
+        assert (a - b).norm() < 0.05 * a.norm(), ((a - b).norm(), a.norm())
 
 
 def test_bf16_autocast_step_keeps_float32_weights_and_a_unit_first_ratio(model):

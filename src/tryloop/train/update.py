@@ -42,69 +42,99 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 # Tokens per chunk of the output projection: a chunk's float32 logits (chunk x vocab) are the
-# largest tensor of the update, ~200 MB for SmolLM2's 49k vocabulary.
+# largest tensor of the update, ~50 MB for SmolLM2's 49k vocabulary.
 LOGIT_CHUNK = 256
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    """float32 logits of a chunk; the matmul runs in `weight`'s dtype (bf16 under autocast)."""
+    if weight.dtype == torch.float32:
+        return torch.nn.functional.linear(hidden.float(), weight, bias)
+    return torch.nn.functional.linear(hidden.to(weight.dtype), weight,
+                                      None if bias is None else bias.to(weight.dtype)).float()
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    return token_logprobs(_chunk_logits(hidden, weight, bias), targets, temperature)
+class _ChunkLogprobs(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] for one chunk of tokens and, detached, the same at T = 1.
 
+    It keeps only its inputs and the log-normaliser: the backward pass computes the logits again
+    (one more matmul, as checkpointing the chunk did) and turns them into their gradient in
+    place, (onehot - softmax) * g / T, instead of autograd's chain of chunk-sized temporaries
+    (the scaled copy, the gather's zero-filled gradient, exp, the sums). The forward values are
+    the same operations as `token_logprobs`."""
 
-def _chunk_logprobs_and_raw(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                            targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = _chunk_logits(hidden, weight, bias)
-    tempered = token_logprobs(logits, targets, temperature)
-    # After the tempered ones: the backward pass's recomputation stops once it has what the
-    # gradient needs, so it never redoes this.
-    with torch.no_grad():
-        raw = token_logprobs(logits, targets)
-    return tempered, raw
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, temperature: float, raw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        z = _chunk_logits(h, weight, bias)
+        col = targets[:, None]
+        raw_lp = (z.gather(-1, col).squeeze(-1) - torch.logsumexp(z, dim=-1)) if raw else z.new_empty(0)
+        if temperature != 1.0:
+            z.div_(temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        out = z.gather(-1, col).squeeze(-1) - lse
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(raw_lp)
+        return out, raw_lp
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _raw: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        t = ctx.temperature
+        z = _chunk_logits(h, weight, bias)
+        if t != 1.0:
+            z.div_(t)
+        scale = grad.float() / t
+        gz = z.sub_(lse[:, None]).exp_().mul_(-scale[:, None])          # -softmax * g / T
+        gz.scatter_add_(-1, targets[:, None], scale[:, None])            # + onehot * g / T
+        gz = gz.to(weight.dtype)
+        gh = (gz @ weight).to(h.dtype) if ctx.needs_input_grad[0] else None
+        gw = (gz.t() @ h.to(weight.dtype)) if ctx.needs_input_grad[1] else None
+        gb = gz.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        return gh, gw, gb, None, None, None
 
 
 def selected_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, select: torch.Tensor,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, matmul_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-probabilities of `targets` (B, T) at the positions where `select` (B, T) is true, from the
     decoder's hidden states (B, T, H); 0 elsewhere.
 
     Only the selected positions go through the output projection, in chunks of LOGIT_CHUNK tokens,
-    each recomputed in the backward pass (activation checkpointing): the full (B, T, vocab) logits of
-    a batch are never materialised, so memory follows the chunk, not the batch. The projection and
-    the log-softmax run in float32 even under bf16 autocast (log-probabilities feed ratios)."""
-    (out,) = _selected(hidden, head, targets, select, temperature, raw=False)
+    each recomputed in the backward pass (`_ChunkLogprobs`): the full (B, T, vocab) logits of a
+    batch are never materialised, so memory follows the chunk, not the batch. The log-softmax runs
+    in float32 (log-probabilities feed ratios); the projection's matmul in float32, or in
+    `matmul_dtype` (bf16 under autocast, like the decoder's own matmuls)."""
+    (out,) = _selected(hidden, head, targets, select, temperature, raw=False, matmul_dtype=matmul_dtype)
     return out
 
 
 def selected_logprobs_and_raw(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor,
-                              select: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                              select: torch.Tensor, temperature: float,
+                              matmul_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`selected_logprobs` at `temperature`, and at temperature 1 (detached) from the same logits:
     one output projection per chunk for both scales."""
-    out, raw = _selected(hidden, head, targets, select, temperature, raw=True)
+    out, raw = _selected(hidden, head, targets, select, temperature, raw=True, matmul_dtype=matmul_dtype)
     return out, raw
 
 
 def _selected(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, select: torch.Tensor,
-              temperature: float, raw: bool) -> list[torch.Tensor]:
-    from torch.utils.checkpoint import checkpoint
-
+              temperature: float, raw: bool, matmul_dtype: torch.dtype | None) -> list[torch.Tensor]:
     outs = [torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device) for _ in range(1 + raw)]
     idx = select.nonzero(as_tuple=True)
     if idx[0].numel() == 0:
         return outs
     h = hidden[idx]
     tg = targets[idx]
+    # Cast once for every chunk (the cast's backward returns the float32 weight's gradient).
     weight, bias = head.weight, getattr(head, "bias", None)
-    fn = _chunk_logprobs_and_raw if raw else _chunk_logprobs
+    weight = weight.to(matmul_dtype or torch.float32)
     parts: list[list[torch.Tensor]] = [[] for _ in outs]
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         for i in range(0, h.shape[0], LOGIT_CHUNK):
-            args = (h[i:i + LOGIT_CHUNK], weight, bias, tg[i:i + LOGIT_CHUNK], temperature)
-            got = checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args)
-            for col, part in zip(parts, got if raw else (got,), strict=True):
+            got = _ChunkLogprobs.apply(h[i:i + LOGIT_CHUNK], weight, bias, tg[i:i + LOGIT_CHUNK],
+                                       temperature, raw)
+            for col, part in zip(parts, got[:1 + raw], strict=True):
                 col.append(part)
     return [out.index_put(idx, torch.cat(col)) for out, col in zip(outs, parts, strict=True)]
 
@@ -148,6 +178,9 @@ class Learner:
         self.optimizer_steps = 0
         self.finished = False
         self.amp = cfg.amp == "bf16" or (cfg.amp == "auto" and bf16_supported(self.device))
+        # Under autocast the output projection multiplies in bf16 like every other layer (its
+        # float32 matmuls were a fifth of a CPU update); the log-softmax stays float32.
+        self._head_dtype = torch.bfloat16 if self.amp else None
 
     def _pad_id(self) -> int:
         # Padding sits under attention 0 and loss 0, so any valid id works.
@@ -178,14 +211,15 @@ class Learner:
         output projection sees only those tokens (`selected_logprobs`)."""
         hidden, head = self._hidden(model, batch)
         return selected_logprobs(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
-                                 self.config.temperature if temperature is None else temperature)
+                                 self.config.temperature if temperature is None else temperature,
+                                 self._head_dtype)
 
     def _forward_and_raw(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """`_forward` at the configured temperature, and the same tokens' log-probabilities at
         temperature 1 (detached), from one decoder pass."""
         hidden, head = self._hidden(model, batch)
         return selected_logprobs_and_raw(hidden, head, batch.input_ids[:, 1:], batch.loss_mask > 0,
-                                         self.config.temperature)
+                                         self.config.temperature, self._head_dtype)
 
     @torch.no_grad()
     def _entropy(self, model: nn.Module, batch: Batch) -> float:
