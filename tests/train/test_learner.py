@@ -241,13 +241,17 @@ def test_finish_frees_the_optimizer_state_and_the_reference_and_keeps_the_weight
         learner.step(trajs, [1.0, -1.0, 1.0, -1.0])
 
 
+def _head_inputs(seed: int, rows: int, cols: int, keep: float):
+    """Hidden states (rows, cols, 32) that need a gradient, target tokens and a loss mask."""
+    torch.manual_seed(seed)
+    return (torch.randn(rows, cols, 32, requires_grad=True), torch.randint(0, VOCAB, (rows, cols)),
+            torch.rand(rows, cols) < keep)
+
+
 def test_selected_logprobs_match_the_full_log_softmax_and_its_gradient(model):
     from tryloop.train import update
 
-    torch.manual_seed(3)
-    hidden = torch.randn(2, 7, 32, requires_grad=True)
-    targets = torch.randint(0, VOCAB, (2, 7))
-    select = torch.rand(2, 7) > 0.4
+    hidden, targets, select = _head_inputs(3, 2, 7, 0.6)
     head = model.get_output_embeddings()
     full = token_logprobs(head(hidden), targets, 0.7) * select
     old_chunk = update.LOGIT_CHUNK
@@ -267,10 +271,7 @@ def test_selected_logprobs_match_the_full_log_softmax_and_its_gradient(model):
 def test_selected_logprobs_at_two_temperatures_and_with_bf16_matmuls(model):
     from tryloop.train import update
 
-    torch.manual_seed(4)
-    hidden = torch.randn(3, 5, 32, requires_grad=True)
-    targets = torch.randint(0, VOCAB, (3, 5))
-    select = torch.rand(3, 5) > 0.3
+    hidden, targets, select = _head_inputs(4, 3, 5, 0.7)
     head = model.get_output_embeddings()
     tempered, raw = update.selected_logprobs_and_raw(hidden, head, targets, select, 0.7)
     assert torch.allclose(tempered, token_logprobs(head(hidden), targets, 0.7) * select, atol=1e-6)
