@@ -40,19 +40,17 @@ def main() -> None:
 
     from tryloop.agent.hf import load_model, resolve_engine_dtype
     from tryloop.config import TryloopConfig, load_yaml
-    from tryloop.store.trajectories import TrajectoryStore
     from tryloop.telemetry.stats import nearest_rank
     from tryloop.train.advantages import compute_advantages
     from tryloop.train.memory import peak_rss_mb
-    from tryloop.train.run import stored_run
+    from tryloop.train.run import stored_episodes, stored_run
     from tryloop.train.update import Learner
 
     cfg = load_yaml(args.config) if args.config else TryloopConfig()
     run, tcfg = stored_run(cfg.store.runs_dir, args.run)
     loaded = load_model(tcfg.policy.name, device=tcfg.policy.device)
     device = loaded.device
-    stored = sorted(TrajectoryStore(cfg.store.trajectories_url).read(run_id=run, step=args.step),
-                    key=lambda t: t.episode_id)
+    stored = stored_episodes(cfg.store.trajectories_url, run, args.step)
     trajs = [t for t in stored if t.token_source == "exact" and t.policy_version == loaded.weights_version]
     if not trajs:
         raise SystemExit(f"run {run}, step {args.step}: no stored episode was sampled by {tcfg.policy.name}'s "

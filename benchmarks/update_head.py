@@ -37,17 +37,15 @@ def main() -> None:
 
     from tryloop.agent.hf import load_model
     from tryloop.config import TryloopConfig, load_yaml
-    from tryloop.store.trajectories import TrajectoryStore
     from tryloop.telemetry.stats import nearest_rank
     from tryloop.train import update
     from tryloop.train.advantages import compute_advantages
-    from tryloop.train.run import stored_run
+    from tryloop.train.run import stored_episodes, stored_run
 
     cfg = load_yaml(args.config) if args.config else TryloopConfig()
     run, tcfg = stored_run(cfg.store.runs_dir, args.run)
     loaded = load_model(tcfg.policy.name, device=tcfg.policy.device)
-    trajs = sorted(TrajectoryStore(cfg.store.trajectories_url).read(run_id=run, step=args.step),
-                   key=lambda t: t.episode_id)
+    trajs = stored_episodes(cfg.store.trajectories_url, run, args.step)
     if not trajs:
         raise SystemExit(f"run {run}, step {args.step}: no stored episodes")
     learner = update.Learner(loaded.model, tcfg.algo, tokenizer=loaded.tokenizer)
@@ -98,7 +96,6 @@ def main() -> None:
 
     one(arms["baseline (autograd, float32)"])   # first-call set-up out of the timings
     times: dict[str, list[float]] = {name: [] for name in arms}
-    ref = None
     out_of: dict[str, tuple] = {}
     for r in range(args.rounds):
         names = list(arms)

@@ -52,21 +52,19 @@ def main() -> None:
 
     from tryloop.agent.hf import load_model
     from tryloop.config import TryloopConfig, load_yaml
-    from tryloop.store.trajectories import TrajectoryStore
     from tryloop.train import memory
     from tryloop.train.advantages import compute_advantages
-    from tryloop.train.run import stored_run
+    from tryloop.train.run import stored_episodes, stored_run
     from tryloop.train.update import Learner
 
     cfg = load_yaml(args.config) if args.config else TryloopConfig()
     run, tcfg = stored_run(cfg.store.runs_dir, args.run)
-    store = TrajectoryStore(cfg.store.trajectories_url)
     steps = [int(s) for s in args.steps.split(",")]
     loaded = load_model(tcfg.policy.name, device="cpu")
     base = loaded.model
     rows, ratios = {"shared": [], "full": []}, []
     for step in steps:
-        trajs = sorted(store.read(run_id=run, step=step), key=lambda t: t.episode_id)
+        trajs = stored_episodes(cfg.store.trajectories_url, run, step)
         if not trajs:
             raise SystemExit(f"run {run} stored no episodes for step {step}")
         adv = compute_advantages(trajs, tcfg.algo).for_update()

@@ -320,6 +320,12 @@ def host_image(store: LayerStore, uid: int = 1000, gid: int = 1000) -> Image:
     return image
 
 
+def harness_prefixes(base: Image) -> list[str]:
+    """The host's Python installations `with_host_python` binds into `base` for the harness:
+    those its own binds do not already hold."""
+    return [p for p in python_prefixes() if (p, p) not in base.binds]
+
+
 def with_host_python(store: LayerStore, base: Image) -> Image:
     """`base` (an image made only of layers) with this host's Python installations bound
     read-only at their own paths, first on PATH, as the default image has them: what the
@@ -331,7 +337,7 @@ def with_host_python(store: LayerStore, base: Image) -> Image:
     own (an image built on the host-derived root, whose binds already hold the host's
     Python) keeps them; the host's Python is bound once."""
     prefixes = python_prefixes()
-    binds = (*base.binds, *((p, p) for p in prefixes if (p, p) not in base.binds))
+    binds = (*base.binds, *((p, p) for p in harness_prefixes(base)))
     with tempfile.TemporaryDirectory(dir=store.root / "tmp" if (store.root / "tmp").is_dir() else None) as tmp:
         skel = Path(tmp) / "skel"
         skel.mkdir()

@@ -115,10 +115,7 @@ def host_sites(runtime: SandboxRuntime, task: Task) -> list[str]:
     they would in the image alone. Empty for a task on the host-derived root, or on an image
     whose own binds hold the host's Python (built on that root): there those plugins are the
     environment's."""
-    if task.meta.image is None:
-        return []
-    own = {dst for _, dst in runtime.image(task.meta.image).binds}
-    return [p for p in images.python_prefixes() if p not in own]
+    return [] if task.meta.image is None else images.harness_prefixes(runtime.image(task.meta.image))
 
 
 def sandbox_config_for(task: Task) -> SandboxConfig:

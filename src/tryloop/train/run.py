@@ -225,6 +225,11 @@ def stored_run(runs_dir: str | Path, run_id: str | None = None) -> tuple[str, Tr
     return run_id, TrainRunConfig.model_validate(recorded)
 
 
+def stored_episodes(trajectories_url: str, run_id: str, step: int) -> list[Trajectory]:
+    """The episodes a run stored for `step`, in the order the train loop trained on them."""
+    return sorted(TrajectoryStore(trajectories_url).read(run_id=run_id, step=step), key=lambda t: t.episode_id)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

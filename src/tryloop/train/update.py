@@ -38,7 +38,13 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return _logprobs_and_lse(logits, targets)[0]
+
+
+def _logprobs_and_lse(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits)[target] and the log-normaliser it subtracted."""
+    lse = torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - lse, lse
 
 
 # Tokens per chunk of the output projection: a chunk's float32 logits (chunk x vocab) are the
@@ -67,12 +73,10 @@ class _ChunkLogprobs(torch.autograd.Function):
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 targets: torch.Tensor, temperature: float, raw: bool) -> tuple[torch.Tensor, torch.Tensor]:
         z = _chunk_logits(h, weight, bias)
-        col = targets[:, None]
-        raw_lp = (z.gather(-1, col).squeeze(-1) - torch.logsumexp(z, dim=-1)) if raw else z.new_empty(0)
+        raw_lp = _logprobs_and_lse(z, targets)[0] if raw else z.new_empty(0)
         if temperature != 1.0:
             z.div_(temperature)
-        lse = torch.logsumexp(z, dim=-1)
-        out = z.gather(-1, col).squeeze(-1) - lse
+        out, lse = _logprobs_and_lse(z, targets)
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(raw_lp)
